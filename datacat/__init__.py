@@ -1,0 +1,35 @@
+"""datacat: a declarative catalog of sharded image-text datasets, and their loaders.
+
+A YAML entry says where a dataset's shards live and how a record is laid out;
+``resolve`` turns an entry into a framework-free Plan, and the torch and jax
+backends run that Plan. Importing datacat imports neither framework.
+"""
+
+from datacat.catalog import Catalog, load_catalog
+from datacat.describe import describe
+from datacat.errors import (
+    BackendUnavailable,
+    CatalogError,
+    DatacatError,
+    EntryNotFound,
+    OptionError,
+    ShardError,
+)
+from datacat.resolve import Plan, resolve
+from datacat.schema import Entry
+
+__all__ = [
+    "BackendUnavailable",
+    "Catalog",
+    "CatalogError",
+    "DatacatError",
+    "Entry",
+    "EntryNotFound",
+    "OptionError",
+    "Plan",
+    "ShardError",
+    "describe",
+    "load_catalog",
+    "resolve",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from datacat.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""YAML as data only: safe tags, no duplicate keys, and the line of every key.
+
+``yaml.safe_load`` semantics (a ``!!python/...`` tag is refused), plus what
+validation messages need and PyYAML does not keep: the line each key path
+starts on, and a refusal of repeated keys (PyYAML silently keeps the last).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from datacat.errors import Problem
+
+__all__ = ["KeyPath", "load_yaml"]
+
+KeyPath = tuple[str | int, ...]
+
+
+def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Problem]]:
+    """The document in ``text``, the 1-based line of each key path, and its problems.
+
+    A document with problems yields ``None`` as its data; every problem found
+    is reported, not only the first.
+    """
+    loader = yaml.SafeLoader(text)
+    lines: dict[KeyPath, int] = {}
+    problems: list[Problem] = []
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, lines, problems
+        _index_node(node, (), lines, problems, file)
+        if problems:
+            return None, lines, problems
+        data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        reason = exc.problem or str(exc)
+        if isinstance(exc, yaml.constructor.ConstructorError) and "tag" in reason:
+            reason = f"{reason}; catalog files are data only, remove the tag"
+        problems.append(Problem(file, line, "", f"invalid YAML: {reason}"))
+        return None, lines, problems
+    except yaml.YAMLError as exc:
+        problems.append(Problem(file, None, "", f"invalid YAML: {exc}"))
+        return None, lines, problems
+    finally:
+        loader.dispose()
+    return data, lines, problems
+
+
+def _index_node(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], problems: list[Problem], file: str) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                dotted = ".".join(str(p) for p in (*path, key))
+                problems.append(Problem(file, line, dotted, f"duplicate key (first at line {seen[key]}); keep one"))
+                continue
+            seen[key] = line
+            lines[(*path, key)] = line
+            _index_node(value_node, (*path, key), lines, problems, file)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_node(item, (*path, i), lines, problems, file)

@@ -1,0 +1,255 @@
+"""The ``datacat`` command: list, describe, validate and schema.
+
+The only module that prints or exits. Library errors arrive as
+``DatacatError`` and leave as one clear line (or one line per catalog
+problem) and exit status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from datacat.catalog import Catalog, load_catalog
+from datacat.describe import describe as describe_entry
+from datacat.errors import CatalogError, DatacatError
+from datacat.resolve import resolve
+from datacat.schema import Entry
+
+F = TypeVar("F", bound=Callable[..., Any])
+# Piped output gets a wide table rather than rich's 80-column default.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _reports_errors(func: F) -> F:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except CatalogError as exc:
+            for problem in exc.problems:
+                err.print(str(problem), markup=False)
+            err.print(f"{len(exc.problems)} problem(s).", markup=False)
+            sys.exit(1)
+        except (DatacatError, FileNotFoundError) as exc:
+            err.print(f"error: {exc}", markup=False)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+@click.option(
+    "--catalog",
+    "catalogs",
+    multiple=True,
+    type=click.Path(),
+    metavar="PATH",
+    help="A catalog file or folder that adds to or overrides the built-in one (repeatable; also $DATACAT_CATALOG).",
+)
+@click.pass_context
+def main(ctx: click.Context, catalogs: tuple[str, ...]) -> None:
+    """A catalog of sharded image-text datasets, and loaders for torch and jax."""
+    ctx.obj = catalogs
+
+
+def _catalog(ctx: click.Context) -> Catalog:
+    return load_catalog(ctx.obj or ())
+
+
+def _human(n: int | None, *, approx: bool = False) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{'~' if approx else ''}{n / size:.{3 if n < 10 * size else 2}g}{unit}"
+    return str(n)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+@_reports_errors
+def list_command(ctx: click.Context, as_json: bool) -> None:
+    """List every catalog entry with its format, shards, samples, size and location."""
+    catalog = _catalog(ctx)
+    rows: list[dict[str, Any]] = []
+    for name in catalog:
+        plan = resolve(name, catalog=catalog, list_shards=False)
+        entry = catalog[name]
+        rows.append(
+            {
+                "name": name,
+                "format": plan.format,
+                "shards": None if plan.glob or plan.components else len(plan.shards),
+                "missing": len(plan.missing),
+                "components": [c.plan.name for c in plan.components],
+                "samples": plan.samples,
+                "samples_exact": plan.samples_exact,
+                "bytes": plan.bytes,
+                "location": plan.glob or (plan.root if not plan.components else ""),
+                "description": entry.description,
+                "source": catalog.sources[name].file,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for col, justify in (
+        ("name", "left"),
+        ("format", "left"),
+        ("shards", "right"),
+        ("samples", "right"),
+        ("size", "right"),
+        ("location", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        if row["components"]:
+            shards = f"{len(row['components'])} parts"
+        elif row["shards"] is None:
+            shards = "listed"
+        else:
+            shards = f"{row['shards']}" + (f" ({row['missing']} missing)" if row["missing"] else "")
+        table.add_row(
+            row["name"],
+            row["format"],
+            shards,
+            _human(row["samples"], approx=not row["samples_exact"]),
+            _bytes(row["bytes"]),
+            row["location"],
+        )
+    out.print(table)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--split", default="train", show_default=True, help="The split to resolve.")
+@click.option("--root", default=None, help="Replace the entry's root (default $DATACAT_ROOT or the catalog's).")
+@click.option("--all-shards", is_flag=True, help="List every shard URL, not the first and last few.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_context
+@_reports_errors
+def describe(ctx: click.Context, name: str, split: str, root: str | None, all_shards: bool, as_json: bool) -> None:
+    """Describe one entry: its Plan, its declared facts and the layout its files must follow."""
+    info = describe_entry(name, catalog=_catalog(ctx), split=split, root=root)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    _print_description(info, all_shards=all_shards)
+
+
+def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = "") -> None:
+    plan = info["plan"]
+    say = functools.partial(out.print, markup=False)
+    aliases = f"  (aliases: {', '.join(info['aliases'])})" if info["aliases"] else ""
+    say(f"{indent}{info['name']}{aliases}")
+    say(f"{indent}  {info['description']}")
+    say(f"{indent}  defined in: {info['source']}:{info['line']}")
+    for old in info["overrides"]:
+        say(f"{indent}  overrides:  the entry in {old}")
+    for key in ("homepage", "license", "citation"):
+        if info[key]:
+            say(f"{indent}  {key}: {info[key]}")
+    layout = f", layout {plan['record']['layout']}" if plan["record"]["layout"] else ""
+    say(f"{indent}  format: {plan['format']} ({plan['access']} access){layout}")
+    if plan["components"]:
+        say(f"{indent}  mixture of {len(plan['components'])}, exhaustion {plan['exhaustion']}:")
+        for comp in plan["components"]:
+            p = comp["plan"]
+            count = f"{len(p['shards'])} shards" if p["glob"] is None else f"shards listed at load ({p['glob']})"
+            say(
+                f"{indent}    {comp['weight']:.4f}  {p['name']}  ({p['format']}, {count}, samples {_human(p['samples'], approx=not p['samples_exact'])})"
+            )
+    else:
+        say(f"{indent}  location: {plan['root']}")
+        say(f"{indent}  shards: {info['pattern']}")
+        if plan["glob"] is not None:
+            say(f"{indent}    listed when opened: {plan['glob']}")
+        else:
+            missing = ", ".join(m.rsplit("/", 1)[-1] for m in plan["missing"]) or "none"
+            total = len(plan["shards"]) + len(plan["missing"])
+            say(f"{indent}    {len(plan['shards'])} resolved URLs of {total} named; missing: {missing}")
+            urls = [s["url"] for s in plan["shards"]]
+            shown = (
+                urls
+                if all_shards or len(urls) <= 12
+                else [*urls[:3], f"... {len(urls) - 6} more (--all-shards) ...", *urls[-3:]]
+            )
+            for url in shown:
+                say(f"{indent}    {url}")
+        if plan["missing"]:
+            say(f"{indent}  missing shards (excluded): {', '.join(plan['missing'])}")
+    samples = plan["samples"]
+    exactness = "counted per shard" if plan["samples_exact"] else "declared, approximate"
+    say(
+        f"{indent}  samples: {'?' if samples is None else f'{samples:,}'}"
+        + ("" if samples is None else f" ({exactness})")
+    )
+    say(f"{indent}  size: {_bytes(plan['bytes'])}")
+    loading = plan["loading"]
+    say(
+        f"{indent}  loading: image_size {loading['image_size']}, augmentation {loading['augmentation']}, "
+        f"resize {loading['resize']}, val_batches {loading['val_batches']}, val_split {loading['val_split']}, "
+        f"count {loading['count']}, on_bad_sample {loading['on_bad_sample']} (budget {loading['bad_sample_budget']})"
+    )
+    if plan["storage_options_shown"]:
+        say(f"{indent}  storage_options: {json.dumps(plan['storage_options_shown'])}")
+    say(f"{indent}  seed {plan['seed']}, split {plan['split']}, plan fingerprint {_fingerprint(info)}")
+    if info["notes"]:
+        say(f"{indent}  notes: {info['notes']}")
+    say(f"{indent}  layout contract:")
+    for line in info["contract"]:
+        say(f"{indent}    - {line}")
+
+
+def _fingerprint(info: dict[str, Any]) -> str:
+    from datacat.resolve import Plan
+
+    return Plan.model_validate({**info["plan"], "storage_options": {}}).fingerprint()
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.pass_context
+@_reports_errors
+def validate(ctx: click.Context, paths: tuple[str, ...]) -> None:
+    """Validate catalog files (default: the built-in catalog and $DATACAT_CATALOG); exit 1 listing every problem."""
+    catalog = load_catalog((*(ctx.obj or ()), *paths))
+    out.print(f"{len(catalog)} entries valid.", markup=False)
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of a catalog file, for editor completion of YAML."""
+    body = Entry.model_json_schema()
+    defs = body.pop("$defs", {})
+    doc = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "datacat catalog file",
+        "description": "A mapping of entry name to entry.",
+        "type": "object",
+        "additionalProperties": {"$ref": "#/$defs/Entry"},
+        "$defs": {**defs, "Entry": body},
+    }
+    click.echo(json.dumps(doc, indent=2))

@@ -1,0 +1,356 @@
+"""An entry plus the caller's options, resolved to a Plan both backends run.
+
+A Plan is plain frozen data: the concrete shard URLs in a stable order with
+missing shards left out, the record layout, the transform settings,
+normalised mixture weights and the record counts where they are known. It
+knows no framework; ``describe`` prints it, backends consume it, and its
+fingerprint identifies it in a saved loader state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from datacat.catalog import Catalog, EntrySource, load_catalog
+from datacat.errors import OptionError
+from datacat.interpolate import interpolate, interpolate_all
+from datacat.registry import FORMATS
+from datacat.rules import is_glob, shard_names
+from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Record
+from datacat.shards import brace_numbers
+
+__all__ = ["Plan", "PlanComponent", "Shard", "resolve"]
+
+_SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|key", re.IGNORECASE)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Shard(_Frozen):
+    """One shard that exists: its name in the pattern, its URL, its record count if declared."""
+
+    name: str
+    url: str
+    samples: int | None = None
+
+
+class PlanComponent(_Frozen):
+    """One dataset of a mixture and its normalised sampling weight."""
+
+    weight: float
+    plan: Plan
+
+
+class Plan(_Frozen):
+    """Everything a backend needs to load one split of one entry, framework-free."""
+
+    name: str
+    format: str
+    access: str
+    split: str
+    seed: int
+    root: str
+    shards: tuple[Shard, ...] = ()
+    missing: tuple[str, ...] = ()
+    glob: str | None = None
+    """A glob of shard URLs not yet listed (``resolve(list_shards=False)``)."""
+    samples: int | None = None
+    samples_exact: bool = False
+    bytes: int | None = None
+    record: Record = Record()
+    loading: Loading = Loading()
+    batch_size: int | None = None
+    components: tuple[PlanComponent, ...] = ()
+    exhaustion: Exhaustion | None = None
+    embeddings: Embeddings | None = None
+    images: Plan | None = None
+    """For an embeddings entry: the plan of the image shards it aligns with."""
+    storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)
+    storage_options_shown: dict[str, Any] = {}
+    """storage_options as the catalog writes them (``${VAR}`` unexpanded, literal secrets redacted)."""
+    source: str = ""
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def holdout(self) -> int:
+        """Records held out of the head of the train split for validation (0 when none)."""
+        if self.split != "train" or not self.loading.val_batches or self.loading.val_split:
+            return 0
+        if self.batch_size is None:
+            return 0
+        return self.loading.val_batches * self.batch_size
+
+    def to_json(self) -> dict[str, Any]:
+        """The Plan as JSON-able data, without the expanded storage options (they may hold secrets)."""
+        return self.model_dump(mode="json", exclude=_EXCLUDE)
+
+    def fingerprint(self) -> str:
+        """A short hash of what decides the stream: shards, weights, layout, seed, options."""
+        text = json.dumps(self.model_dump(mode="json", exclude=_FINGERPRINT_EXCLUDE), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _nested_exclude(fields: set[str]) -> Any:
+    # Applies the same exclusions to component and image plans, as deep as mixtures nest.
+    out: dict[str, Any] = dict.fromkeys(fields, True)
+    inner: dict[str, Any] = dict(out)
+    for _ in range(8):
+        inner = {**out, "components": {"__all__": {"plan": inner}}, "images": inner}
+    return {**out, "components": {"__all__": {"plan": inner}}, "images": inner}
+
+
+_EXCLUDE = _nested_exclude({"storage_options"})
+_FINGERPRINT_EXCLUDE = _nested_exclude({"storage_options", "storage_options_shown", "source", "overrides"})
+
+
+def resolve(
+    name: str,
+    *,
+    split: str = "train",
+    root: str | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    catalog: Catalog | None = None,
+    list_shards: bool = True,
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> Plan:
+    """The Plan for one split of a catalog entry.
+
+    Args:
+        name: An entry name or alias, in any case.
+        split: ``"train"`` (the entry's ``location``) or a name under its ``splits``.
+        root: Replaces the entry's root (and its components'); default ``$DATACAT_ROOT`` where the entry uses it.
+        seed: The seed every shuffle and augmentation derives from.
+        batch_size: Needed to turn ``val_batches`` into a number of held-out records.
+        catalog: The catalog to look in; default the built-in one plus ``$DATACAT_CATALOG``.
+        list_shards: List glob shard specs now (may touch storage); otherwise the Plan keeps the glob.
+        options: Overrides of the entry's ``loading`` section, e.g. ``image_size=256``.
+
+    Example:
+        >>> plan = datacat.resolve("cc3m", root="/data/msml612")
+        >>> len(plan.shards)
+        49
+    """
+    catalog = load_catalog() if catalog is None else catalog
+    return _resolve(catalog, catalog.canonical(name), split, root, seed, batch_size, list_shards, env, options, ())
+
+
+def _resolve(
+    catalog: Catalog,
+    name: str,
+    split: str,
+    root: str | None,
+    seed: int,
+    batch_size: int | None,
+    list_shards: bool,
+    env: Mapping[str, str] | None,
+    options: Mapping[str, Any],
+    trail: tuple[str, ...],
+) -> Plan:
+    entry, source = catalog[name], catalog.sources[name]
+    loading = _loading(name, entry.loading, options)
+    info = FORMATS[entry.format]
+    common: dict[str, Any] = dict(
+        name=name,
+        format=entry.format,
+        access=info.access,
+        split=split,
+        seed=seed,
+        loading=loading,
+        batch_size=batch_size,
+        source=source.file,
+        overrides=source.overrides,
+        record=entry.record.model_copy(update={"layout": entry.record.layout or (info.layouts or (None,))[0]}),
+    )
+    if entry.mixture is not None:
+        return _resolve_mixture(
+            catalog, name, entry, common, split, root, seed, batch_size, list_shards, env, options, trail
+        )
+    location = _location(name, entry, split)
+    base, storage_options = _base_url(location, source, root, env)
+    names = [] if is_glob(location.shards) else shard_names(location)
+    missing = _missing_names(location, names)
+    per_shard = entry.totals.per_shard or {}
+    shards = [Shard(name=n, url=_join(base, n), samples=per_shard.get(n)) for n in names if n not in missing]
+    glob = None
+    if is_glob(location.shards):
+        glob = _join(base, str(location.shards))
+        if list_shards:
+            shards = _list_glob(glob, storage_options)
+            glob = None
+    exact = bool(shards) and split == "train" and all(s.samples is not None for s in shards)
+    samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if split == "train" else None)
+    images = None
+    if entry.embeddings is not None and entry.embeddings.images is not None:
+        images = _resolve(
+            catalog,
+            catalog.canonical(entry.embeddings.images),
+            split,
+            root,
+            seed,
+            batch_size,
+            list_shards,
+            env,
+            options,
+            (*trail, name),
+        )
+    return Plan(
+        **common,
+        root=base,
+        shards=tuple(shards),
+        missing=tuple(_join(base, m) for m in names if m in missing),
+        glob=glob,
+        samples=samples,
+        samples_exact=exact,
+        bytes=entry.totals.bytes if split == "train" else None,
+        embeddings=entry.embeddings,
+        images=images,
+        storage_options=storage_options,
+        storage_options_shown=_shown(location.storage_options),
+    )
+
+
+def _resolve_mixture(
+    catalog: Catalog,
+    name: str,
+    entry: Entry,
+    common: dict[str, Any],
+    split: str,
+    root: str | None,
+    seed: int,
+    batch_size: int | None,
+    list_shards: bool,
+    env: Mapping[str, str] | None,
+    options: Mapping[str, Any],
+    trail: tuple[str, ...],
+) -> Plan:
+    assert entry.mixture is not None  # the caller checked; narrows the type
+    if name in trail:
+        raise OptionError(f"mixture cycle: {' -> '.join([*trail, name])}")
+    parts = []
+    for component in entry.mixture.components:
+        plan = _resolve(
+            catalog,
+            catalog.canonical(component.name),
+            split,
+            root,
+            seed,
+            batch_size,
+            list_shards,
+            env,
+            options,
+            (*trail, name),
+        )
+        weight = component.weight if component.weight is not None else float(plan.samples or 0)
+        parts.append((weight, plan))
+    total = sum(w for w, _ in parts)
+    components = tuple(PlanComponent(weight=w / total, plan=p) for w, p in parts)
+    counts = [p.samples for _, p in parts]
+    known = all(c is not None for c in counts)
+    sizes = [p.bytes for _, p in parts]
+    return Plan(
+        **common,
+        root=root or "",
+        components=components,
+        exhaustion=entry.mixture.exhaustion,
+        samples=sum(c or 0 for c in counts) if known else entry.totals.samples,
+        samples_exact=all(p.samples_exact for _, p in parts),
+        bytes=sum(b or 0 for b in sizes) if all(b is not None for b in sizes) else entry.totals.bytes,
+    )
+
+
+def _loading(name: str, loading: Loading, options: Mapping[str, Any]) -> Loading:
+    if not options:
+        return loading
+    unknown = set(options) - set(Loading.model_fields)
+    if unknown:
+        raise OptionError(
+            f"{name}: unknown loading option(s) {', '.join(sorted(unknown))}; known: {', '.join(Loading.model_fields)}"
+        )
+    try:
+        return Loading.model_validate({**loading.model_dump(), **options})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in exc.errors())
+        raise OptionError(f"{name}: {problems}") from None
+
+
+def _location(name: str, entry: Entry, split: str) -> Location:
+    if split == "train":
+        assert entry.location is not None  # validated: every non-mixture format needs a location
+        return entry.location
+    if split not in entry.splits:
+        known = ", ".join(["train", *entry.splits])
+        raise OptionError(f"{name} has no split {split!r} (it has: {known})")
+    return entry.splits[split]
+
+
+def _base_url(
+    location: Location, source: EntrySource, root: str | None, env: Mapping[str, str] | None
+) -> tuple[str, dict[str, Any]]:
+    try:
+        base = root if root is not None else interpolate(location.root, env)
+        storage_options = interpolate_all(dict(location.storage_options), env)
+        path = interpolate(location.path, env)
+    except KeyError as exc:
+        raise OptionError(f"${{{exc.args[0]}}} is not set; export it or pass root=") from None
+    if "://" not in base and "::" not in base:
+        folder = source.folder if root is None else Path.cwd()
+        base = os.path.normpath(folder / os.path.expanduser(base))
+    return _join(base, path) if path else base.rstrip("/"), storage_options
+
+
+def _join(base: str, name: str) -> str:
+    if "://" in base:
+        return posixpath.join(base, name)
+    return os.path.join(base, name)
+
+
+def _missing_names(location: Location, names: list[str]) -> set[str]:
+    numbers = brace_numbers(location.shards) if isinstance(location.shards, str) else None
+    out = set()
+    for item in location.missing:
+        if isinstance(item, int) and numbers is not None:
+            out.add(names[numbers.index(item)])
+        elif isinstance(item, str):
+            out.add(item)
+    return out
+
+
+def _list_glob(glob: str, storage_options: Mapping[str, Any]) -> list[Shard]:
+    import fsspec  # the storage layer is needed only when a glob must be listed
+
+    fs, _, paths = fsspec.get_fs_token_paths(glob, storage_options=dict(storage_options))
+    found = sorted(fs.glob(paths[0]))
+    protocol = glob.split("://", 1)[0] + "://" if "://" in glob else ""
+    return [
+        Shard(name=posixpath.basename(p), url=p if not protocol or p.startswith(protocol) else protocol + p)
+        for p in found
+    ]
+
+
+def _shown(options: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            out[key] = _shown(value)
+        elif isinstance(value, str) and _SECRET_KEY.search(key) and "${" not in value:
+            out[key] = "<redacted>"
+        else:
+            out[key] = value
+    return out
+
+
+PlanComponent.model_rebuild()
+Plan.model_rebuild()

