@@ -331,13 +331,15 @@ def _missing_names(location: Location, names: list[str]) -> set[str]:
 def _list_glob(glob: str, storage_options: Mapping[str, Any]) -> list[Shard]:
     import fsspec  # the storage layer is needed only when a glob must be listed
 
-    fs, _, paths = fsspec.get_fs_token_paths(glob, storage_options=dict(storage_options))
-    found = sorted(fs.glob(paths[0]))
-    protocol = glob.split("://", 1)[0] + "://" if "://" in glob else ""
-    return [
-        Shard(name=posixpath.basename(p), url=p if not protocol or p.startswith(protocol) else protocol + p)
-        for p in found
-    ]
+    fs, path = fsspec.core.url_to_fs(glob, **storage_options)
+    folder = posixpath.dirname(glob) if "://" in glob else os.path.dirname(glob)
+    shards = []
+    for found in sorted(fs.glob(path)):
+        name = posixpath.basename(found)
+        # Keep the URL as the catalog spells it when the glob is in the file name only.
+        url = _join(folder, name) if not is_glob(folder) else fs.unstrip_protocol(found)
+        shards.append(Shard(name=name, url=url))
+    return shards
 
 
 def _shown(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import datacat
+
+HEAVY = ("torch", "jax", "grain", "array_record", "webdataset", "cv2", "tensorflow")
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert datacat.__all__ == sorted(datacat.__all__)
+    public = {name for name in vars(datacat) if not name.startswith("_")}
+    modules = {name for name in public if type(getattr(datacat, name)).__name__ == "module"}
+    assert set(datacat.__all__) == public - modules
+
+
+def _imported_after(code: str) -> set[str]:
+    probe = f"import sys; {code}; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_import_and_describe_and_list_import_no_framework() -> None:
+    loaded = _imported_after(
+        "import datacat; from click.testing import CliRunner; from datacat.cli import main; "
+        "r = CliRunner().invoke(main, ['describe', 'cc3m']); assert r.exit_code == 0, r.output; "
+        "r = CliRunner().invoke(main, ['list']); assert r.exit_code == 0, r.output; datacat.describe('sample')"
+    )
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
