@@ -1,0 +1,41 @@
+"""Readers: shards to raw records, one module per ``format:`` value.
+
+The contract every reader keeps (grain's ``RandomAccessDataSource`` states
+the same for its sources):
+
+- It is built from a :class:`~datacat.resolve.Plan` alone and is picklable,
+  so worker processes get copies; nothing is opened until first read.
+- Reading is deterministic for a given shard and position.
+- ``parse(item)`` turns a raw item into the record dict of
+  :mod:`datacat.transforms.sample` and raises ``ValueError`` for a record that
+  cannot be read, which the bad-sample policy handles; a shard that cannot
+  be opened raises :class:`~datacat.errors.ShardError` (or
+  ``FileNotFoundError``) naming it.
+- Stream readers (``access == "stream"``) give ``iter_shard(i)``; random
+  access readers give ``__len__`` and ``item(i)`` as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from datacat.registry import FORMATS, load_implementation
+from datacat.resolve import Plan
+
+__all__ = ["RawItem", "open_reader"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RawItem:
+    """One record as read, before parsing: where it came from and its bytes or members."""
+
+    key: str
+    shard: str
+    uid: int
+    payload: Any
+
+
+def open_reader(plan: Plan) -> Any:
+    """The reader for ``plan.format``, its module imported now."""
+    return load_implementation(FORMATS[plan.format])(plan)

@@ -1,0 +1,170 @@
+"""ArrayRecord shards read by index through array_record's random-access data source.
+
+Imported from array_record itself rather than from grain, whose import pulls
+in jax; the torch path must not pay for that. Record counts come from the
+catalog's ``per_shard`` when declared, so opening a dataset does not open
+every shard; each shard's real count is checked against the declared one
+the first time this process reads from it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import os
+from typing import Any
+
+# The C++ reader (it also reads gs:// itself); only array_record entries need it.
+from array_record.python import array_record_data_source, array_record_module
+
+from datacat.errors import ShardError
+from datacat.formats import RawItem
+from datacat.formats.packed import unpack_pre_resized, unpack_record
+from datacat.resolve import Plan
+
+__all__ = ["ArrayRecordReader", "count_records"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _FileInstruction:
+    # The shape array_record's data source accepts instead of a path, to skip opening the file.
+    filename: str
+    skip: int
+    take: int
+    examples_in_shard: int
+
+
+def _open(url: str) -> Any:
+    try:
+        return array_record_module.ArrayRecordReader(url)
+    except Exception as exc:  # the C++ binding raises bare RuntimeError/ValueError with a status text
+        text = str(exc)
+        if "NOT_FOUND" in text or "No such file" in text:
+            raise FileNotFoundError(
+                2, f"shard not found: {url}; check the entry's root or its missing list", url
+            ) from None
+        raise ShardError(f"cannot open ArrayRecord shard {url}: {text}") from exc
+
+
+def count_records(url: str) -> int:
+    """The number of records in one shard; a non-empty file with none is an error (truncated)."""
+    reader = _open(url)
+    try:
+        count = int(reader.num_records())
+    finally:
+        reader.close()
+    if count == 0 and _size(url) > 0:
+        raise ShardError(
+            f"ArrayRecord shard {url} has {_size(url)} bytes but no readable records: "
+            "it is truncated or not an ArrayRecord file. Re-copy it, or add it to the entry's missing list."
+        )
+    return count
+
+
+def _size(url: str) -> int:
+    if "://" not in url:
+        return os.path.getsize(url)
+    import fsspec  # remote sizes only
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return int(fs.size(path))
+
+
+class ArrayRecordReader:
+    """Records of ArrayRecord shards by global index, shards in plan order."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.name = plan.name
+        self.urls = tuple(s.url for s in plan.shards)
+        self.record = plan.record
+        self.declared = tuple(s.samples for s in plan.shards)
+        counts = [n if n is not None else count_records(url) for url, n in zip(self.urls, self.declared, strict=True)]
+        self.counts = tuple(counts)
+        self.offsets = tuple(itertools.accumulate(counts, initial=0))
+        self.source = array_record_data_source.ArrayRecordDataSource(
+            [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, counts, strict=True)]
+        )
+        self._checked: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"ArrayRecordReader({self.name!r}, shards={len(self.urls)}, records={len(self)})"
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_checked"] = set()
+        return state
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, position in shard) of global record ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} is outside 0..{len(self) - 1} of {self.name}")
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        return shard, index - self.offsets[shard]
+
+    def item(self, index: int) -> RawItem:
+        """The raw bytes of global record ``index``."""
+        shard, position = self.locate(index)
+        if shard not in self._checked:
+            self._check_shard(shard)
+        try:
+            data = self.source[index]
+        except Exception as exc:  # the C++ reader's errors carry only a status text
+            raise ShardError(f"cannot read record {position} of ArrayRecord shard {self.urls[shard]}: {exc}") from exc
+        return RawItem(f"{os.path.basename(self.urls[shard])}:{position}", self.urls[shard], index, data)
+
+    def iter_shard(self, shard: int) -> Any:
+        """The raw records of one shard in order (the stream view of a random-access source)."""
+        for index in range(self.offsets[shard], self.offsets[shard + 1]):
+            yield self.item(index)
+
+    def _check_shard(self, shard: int) -> None:
+        declared = self.declared[shard]
+        if declared is not None:
+            actual = count_records(self.urls[shard])
+            if actual != declared:
+                raise ShardError(
+                    f"ArrayRecord shard {self.urls[shard]} has {actual} records, the catalog declares {declared}; "
+                    "correct totals.per_shard or re-copy the shard"
+                )
+        self._checked.add(shard)
+
+    def parse(self, item: RawItem) -> dict[str, Any]:
+        """The record of one ArrayRecord entry, by the entry's layout (packed, pre_resized, single)."""
+        record = self.record
+        out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
+        if record.layout == "single":
+            out.update(image=item.payload, caption=None)
+            return out
+        entries = unpack_record(item.payload)
+        if record.layout == "pre_resized":
+            out["image"] = unpack_pre_resized(entries)
+            caption_key = record.caption or "caption"
+        else:
+            out["image"] = entries.get(record.image) if record.image else None
+            caption_key = record.caption or "txt"
+        caption = entries.get(caption_key)
+        try:
+            out["caption"] = caption.decode("utf-8").strip() if caption is not None else None
+        except UnicodeDecodeError:
+            raise ValueError(f"caption {caption_key!r} is not utf-8") from None
+        label_key = record.label or ("label" if record.layout == "pre_resized" else None)
+        if label_key and label_key in entries:
+            out["label"] = _label(entries[label_key])
+        if record.key and record.key in entries:
+            out["__key__"] = entries[record.key].decode("utf-8", "replace")
+        out["entries"] = entries
+        return out
+
+
+def _label(raw: bytes) -> int:
+    # Written as ascii digits by most packers; a 4- or 8-byte little-endian int otherwise.
+    text = raw.strip()
+    if text and all(c in b"0123456789-" for c in text):
+        return int(text)
+    if len(raw) in (4, 8):
+        return int.from_bytes(raw, "little", signed=True)
+    raise ValueError(f"label {raw!r} is neither an integer text nor a little-endian int")

@@ -1,0 +1,96 @@
+"""Tables (CSV, TSV, parquet) listing image paths with an optional caption column.
+
+As in the VQGAN batch-encoding example: a TSV of absolute paths, no header.
+A digit string as the column name (``image: "0"``) means a table without a
+header row, columns by position; relative image paths are taken from the
+table's folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import posixpath
+from typing import Any
+
+from datacat.errors import ShardError
+from datacat.formats import RawItem
+from datacat.formats.storage import read_bytes
+from datacat.resolve import Plan
+
+__all__ = ["ImageListReader", "read_table"]
+
+
+def read_table(url: str, storage_options: dict[str, Any], columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of one table as dicts holding ``columns``."""
+    data = read_bytes(url, storage_options)
+    if url.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq  # only parquet lists need pyarrow
+        except ImportError as exc:
+            raise ShardError(f"{url} is parquet, which needs pyarrow: pip install pyarrow") from exc
+        table = pq.read_table(io.BytesIO(data))
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise ShardError(f"table {url} has no column(s) {missing} (it has {table.column_names})")
+        return table.select(columns).to_pylist()  # type: ignore[no-any-return]
+    delimiter = "\t" if url.endswith(".tsv") else ","
+    text = data.decode("utf-8")
+    headerless = all(c.isdigit() for c in columns)
+    rows = list(csv.reader(io.StringIO(text), delimiter=delimiter))
+    if headerless:
+        return [{c: row[int(c)] if int(c) < len(row) else None for c in columns} for row in rows if row]
+    if not rows:
+        return []
+    header = rows[0]
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ShardError(f"table {url} has no column(s) {missing} (its header is {header})")
+    return [dict(zip(header, row, strict=False)) for row in rows[1:] if row]
+
+
+class ImageListReader:
+    """Images named by table rows, by global index over all tables in plan order."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.name = plan.name
+        self.storage_options = dict(plan.storage_options)
+        self.record = plan.record
+        if not plan.record.image:
+            raise ShardError(f"{plan.name}: an image_list entry needs record.image, the column of image paths")
+        columns = [c for c in (plan.record.image, plan.record.caption, plan.record.label) if c]
+        self.rows: list[tuple[str, int, dict[str, Any]]] = []
+        for shard in plan.shards:
+            table = read_table(shard.url, self.storage_options, columns)
+            self.rows += [(shard.url, i, row) for i, row in enumerate(table)]
+
+    def __repr__(self) -> str:
+        return f"ImageListReader({self.name!r}, rows={len(self.rows)})"
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def item(self, index: int) -> RawItem:
+        """Row ``index`` of the tables."""
+        table, row_number, row = self.rows[index]
+        return RawItem(f"{posixpath.basename(table)}:{row_number}", table, index, row)
+
+    def parse(self, item: RawItem) -> dict[str, Any]:
+        """The record of one row: the image it names, read now, and its caption and label."""
+        row, record = item.payload, self.record
+        path = row.get(record.image)
+        if not path:
+            raise ValueError(f"row has no image path in column {record.image!r}")
+        path = str(path)
+        if "://" not in path and not path.startswith("/"):
+            path = posixpath.join(posixpath.dirname(item.shard), path)
+        try:
+            image = read_bytes(path, self.storage_options)
+        except FileNotFoundError:
+            raise ValueError(f"image {path} listed in {item.shard} does not exist") from None
+        out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid, "image": image}
+        caption = row.get(record.caption) if record.caption else None
+        out["caption"] = str(caption).strip() if caption is not None else None
+        if record.label and row.get(record.label) is not None:
+            out["label"] = int(row[record.label])
+        return out

@@ -1,0 +1,67 @@
+"""One raw record to one training sample: decode, resize, augment, caption.
+
+A raw record is the dict every reader yields: ``__key__`` (str),
+``__shard__`` (the shard's URL), ``__uid__`` (a stable int id for the
+record's rng), ``image`` (encoded bytes or uint8 HxWx3), ``caption``
+(str or None), and optionally ``label`` (int) and ``embedding``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from datacat.resolve import Plan
+from datacat.transforms.augment import augment_image, image_augmentations, record_rng
+from datacat.transforms.captions import Tokenize, caption_from_label, class_names
+from datacat.transforms.decode import decode_image
+from datacat.transforms.resize import resize_image
+
+__all__ = ["ImageTransform"]
+
+
+class ImageTransform:
+    """Resizes, augments and captions one record, seeded by the record's own rng.
+
+    Picklable (worker processes get copies) and deterministic: the same
+    record and seed give the same pixels in any process.
+    """
+
+    def __init__(self, plan: Plan, *, tokenize: Tokenize | None = None) -> None:
+        self.name = plan.name
+        self.size = plan.loading.image_size
+        self.resize = plan.loading.resize
+        self.augment = image_augmentations(plan.loading.augmentation)
+        self.seed = plan.seed
+        self.templates = plan.loading.captions.templates
+        self.names_path = plan.loading.captions.class_names
+        self.tokenize = tokenize
+
+    def __repr__(self) -> str:
+        return f"ImageTransform({self.name!r}, size={self.size}, resize={self.resize!r}, augment={self.augment}, seed={self.seed})"
+
+    def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """The sample ``{"image", "caption", "key"}`` (plus ``label``, ``embedding``, ``tokens``) of ``record``."""
+        rng = record_rng(self.seed, int(record["__uid__"]))
+        image = record.get("image")
+        if image is None:
+            raise ValueError("record has no image")
+        pixels = image if isinstance(image, np.ndarray) else decode_image(image, at_least=self.size)
+        pixels = resize_image(pixels, self.size, mode=self.resize)
+        pixels = augment_image(self.augment, pixels, rng)
+        caption = record.get("caption")
+        label = record.get("label")
+        if caption is None and label is not None and self.names_path:
+            caption = caption_from_label(int(label), class_names(self.names_path), self.templates, rng)
+        if caption is None:
+            raise ValueError("record has no caption and no label with class names to make one")
+        sample: dict[str, Any] = {"image": pixels, "caption": caption, "key": str(record["__key__"])}
+        if label is not None:
+            sample["label"] = int(label)
+        if record.get("embedding") is not None:
+            sample["embedding"] = record["embedding"]
+        if self.tokenize is not None:
+            sample["tokens"] = self.tokenize(caption)
+        return sample
