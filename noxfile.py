@@ -12,16 +12,16 @@ CONSTRAINTS = ("-c", "constraints/ci.txt")
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests, benchmarks and this file."""
+    """ruff over the package, tests, scripts and this file."""
     session.install("ruff")
-    session.run("ruff", "check", "datacat", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "--diff", "datacat", "tests", "noxfile.py")
+    session.run("ruff", "check", "datacat", "tests", "scripts", "noxfile.py")
+    session.run("ruff", "format", "--check", "--diff", "datacat", "tests", "scripts", "noxfile.py")
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, with the core dependencies installed."""
-    session.install(*CONSTRAINTS, ".", "mypy", "types-PyYAML")
+    """mypy --strict over the package, with the core and image dependencies installed."""
+    session.install(*CONSTRAINTS, ".[images]", "mypy", "types-PyYAML")
     session.run("mypy")
 
 

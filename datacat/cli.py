@@ -201,7 +201,7 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
         if plan["missing"]:
             say(f"{indent}  missing shards (excluded): {', '.join(plan['missing'])}")
     samples = plan["samples"]
-    exactness = "counted per shard" if plan["samples_exact"] else "declared, approximate"
+    exactness = "declared per shard" if plan["samples_exact"] else "declared, approximate"
     say(
         f"{indent}  samples: {'?' if samples is None else f'{samples:,}'}"
         + ("" if samples is None else f" ({exactness})")

@@ -82,10 +82,13 @@ class Plan(_Frozen):
     source: str = ""
     overrides: tuple[str, ...] = ()
 
+    from_holdout: bool = False
+    """A ``validation`` split read from the head of the train shards (no split of its own)."""
+
     @property
-    def holdout(self) -> int:
-        """Records held out of the head of the train split for validation (0 when none)."""
-        if self.split != "train" or not self.loading.val_batches or self.loading.val_split:
+    def holdout_records(self) -> int:
+        """Records held out of the head of the train shards for validation (0 when none)."""
+        if (self.split != "train" and not self.from_holdout) or not self.loading.val_batches or self.loading.val_split:
             return 0
         if self.batch_size is None:
             return 0
@@ -178,11 +181,12 @@ def _resolve(
         return _resolve_mixture(
             catalog, name, entry, common, split, root, seed, batch_size, list_shards, env, options, trail
         )
-    location = _location(name, entry, split)
+    location, from_holdout = _location(name, entry, split, loading)
+    train_shards = split == "train" or from_holdout
     base, storage_options = _base_url(location, source, root, env)
     names = [] if is_glob(location.shards) else shard_names(location)
     missing = _missing_names(location, names)
-    per_shard = entry.totals.per_shard or {}
+    per_shard = (entry.totals.per_shard or {}) if train_shards else {}
     shards = [Shard(name=n, url=_join(base, n), samples=per_shard.get(n)) for n in names if n not in missing]
     glob = None
     if is_glob(location.shards):
@@ -190,8 +194,8 @@ def _resolve(
         if list_shards:
             shards = _list_glob(glob, storage_options)
             glob = None
-    exact = bool(shards) and split == "train" and all(s.samples is not None for s in shards)
-    samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if split == "train" else None)
+    exact = bool(shards) and train_shards and all(s.samples is not None for s in shards)
+    samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if train_shards else None)
     images = None
     if entry.embeddings is not None and entry.embeddings.images is not None:
         images = _resolve(
@@ -214,7 +218,8 @@ def _resolve(
         glob=glob,
         samples=samples,
         samples_exact=exact,
-        bytes=entry.totals.bytes if split == "train" else None,
+        bytes=entry.totals.bytes if train_shards else None,
+        from_holdout=from_holdout,
         embeddings=entry.embeddings,
         images=images,
         storage_options=storage_options,
@@ -286,14 +291,19 @@ def _loading(name: str, loading: Loading, options: Mapping[str, Any]) -> Loading
         raise OptionError(f"{name}: {problems}") from None
 
 
-def _location(name: str, entry: Entry, split: str) -> Location:
+def _location(name: str, entry: Entry, split: str, loading: Loading) -> tuple[Location, bool]:
+    """The location of ``split`` and whether it is the holdout at the head of the train shards."""
+    assert entry.location is not None  # validated: every non-mixture format needs a location
     if split == "train":
-        assert entry.location is not None  # validated: every non-mixture format needs a location
-        return entry.location
-    if split not in entry.splits:
-        known = ", ".join(["train", *entry.splits])
-        raise OptionError(f"{name} has no split {split!r} (it has: {known})")
-    return entry.splits[split]
+        return entry.location, False
+    if split in entry.splits:
+        return entry.splits[split], False
+    if split == "validation" and loading.val_split:
+        return entry.splits[loading.val_split], False
+    if split == "validation" and loading.val_batches:
+        return entry.location, True
+    known = ", ".join(["train", *entry.splits, *(["validation (the holdout)"] if loading.val_batches else [])])
+    raise OptionError(f"{name} has no split {split!r} (it has: {known})")
 
 
 def _base_url(

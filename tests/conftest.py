@@ -38,3 +38,36 @@ def write_catalog(tmp_path: Path):
 
 def pytest_report_header() -> str:
     return f"shared test data: {'present' if SHARED_DATA.is_dir() else 'absent'}; DATACAT_ROOT={os.environ.get('DATACAT_ROOT')}"
+
+
+# gcsfs reads this when first imported: without it, newer gcsfs probes the bucket type over
+# gRPC and waits 60 s per operation against the emulator (../shared/STACK.md).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """A real GCS emulator (gcp-storage-emulator) on 127.0.0.1, in this process; yields its URL."""
+    server_module = pytest.importorskip(
+        "gcp_storage_emulator.server", reason="needs gcp-storage-emulator (the [test] extra)"
+    )
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = server_module.create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "CLOUD_STORAGE_EMULATOR_ENDPOINT")}
+    os.environ["STORAGE_EMULATOR_HOST"] = url  # gcsfs
+    os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = url  # array_record's own C++ GCS client
+    try:
+        yield url
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

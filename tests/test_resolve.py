@@ -95,13 +95,17 @@ def test_loading_overrides_are_validated() -> None:
         resolve("cc3m", augmentation="flip")
     with pytest.raises(OptionError, match="unknown loading option"):
         resolve("cc3m", imagesize=256)
+    with pytest.raises(OptionError, match="no split 'test'"):
+        resolve("cc3m", split="test")
     with pytest.raises(OptionError, match="no split 'validation'"):
-        resolve("cc3m", split="validation")
+        resolve("cc3m", split="validation", val_batches=0)
 
 
 def test_holdout_needs_batch_size() -> None:
-    assert resolve("cc3m").holdout == 0
-    assert resolve("cc3m", batch_size=256).holdout == 4 * 256
+    assert resolve("cc3m").holdout_records == 0
+    assert resolve("cc3m", batch_size=256).holdout_records == 4 * 256
+    validation = resolve("cc3m", split="validation", batch_size=256)
+    assert validation.from_holdout and validation.holdout_records == 4 * 256
 
 
 def test_secrets_stay_out_of_json(write_catalog, monkeypatch: pytest.MonkeyPatch) -> None:

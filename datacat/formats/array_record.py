@@ -36,39 +36,30 @@ class _FileInstruction:
 
 
 def _open(url: str) -> Any:
+    # The C++ reader does not raise on a failed open: ok() turns False and close() raises the status.
+    reader = array_record_module.ArrayRecordReader(url)
+    if reader.ok():
+        return reader
     try:
-        return array_record_module.ArrayRecordReader(url)
-    except Exception as exc:  # the C++ binding raises bare RuntimeError/ValueError with a status text
-        text = str(exc)
-        if "NOT_FOUND" in text or "No such file" in text:
-            raise FileNotFoundError(
-                2, f"shard not found: {url}; check the entry's root or its missing list", url
-            ) from None
-        raise ShardError(f"cannot open ArrayRecord shard {url}: {text}") from exc
+        reader.close()
+        status = "unknown error"
+    except RuntimeError as exc:
+        status = str(exc)
+    if "No such file" in status or "NOT_FOUND" in status:
+        raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
+    raise ShardError(
+        f"ArrayRecord shard {url} cannot be read ({status or 'no valid footer'}): it is truncated or not an "
+        "ArrayRecord file. Re-copy it, or add it to the entry's missing list."
+    )
 
 
 def count_records(url: str) -> int:
-    """The number of records in one shard; a non-empty file with none is an error (truncated)."""
+    """The number of records in one shard."""
     reader = _open(url)
     try:
-        count = int(reader.num_records())
+        return int(reader.num_records())
     finally:
         reader.close()
-    if count == 0 and _size(url) > 0:
-        raise ShardError(
-            f"ArrayRecord shard {url} has {_size(url)} bytes but no readable records: "
-            "it is truncated or not an ArrayRecord file. Re-copy it, or add it to the entry's missing list."
-        )
-    return count
-
-
-def _size(url: str) -> int:
-    if "://" not in url:
-        return os.path.getsize(url)
-    import fsspec  # remote sizes only
-
-    fs, path = fsspec.core.url_to_fs(url)
-    return int(fs.size(path))
 
 
 class ArrayRecordReader:

@@ -40,7 +40,9 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
     except Image.DecompressionBombError as exc:
         raise ValueError(f"image refused before decoding: {exc}") from None
     except UnidentifiedImageError:
-        raise ValueError(f"not a readable image: no decoder recognises its header ({len(encoded)} bytes, starts {encoded[:8]!r})") from None
+        raise ValueError(
+            f"not a readable image: no decoder recognises its header ({len(encoded)} bytes, starts {encoded[:8]!r})"
+        ) from None
     except (OSError, SyntaxError) as exc:
         raise ValueError(f"not a readable image ({len(encoded)} bytes, starts {encoded[:8]!r}): {exc}") from None
     width, height = image.size
@@ -52,7 +54,7 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
         raise ValueError(f"image header gives an empty size {width}x{height}")
     try:
         if image.format == "JPEG" and encoded.startswith(_JPEG_MAGIC) and image.mode in ("RGB", "L"):
-            return _decode_jpeg(encoded, at_least)
+            return _decode_jpeg(encoded, height, width, at_least)
         return _decode_pillow(image, at_least)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ValueError(f"{image.format or 'image'} {width}x{height} {image.mode} cannot be decoded: {exc}") from None
@@ -60,11 +62,16 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
         image.close()
 
 
-def _decode_jpeg(encoded: bytes, at_least: int | None) -> np.ndarray:
+def _decode_jpeg(encoded: bytes, height: int, width: int, at_least: int | None) -> np.ndarray:
     # libjpeg-turbo through simplejpeg: several times faster than PIL, with DCT scaling;
     # strict=True turns libjpeg's warnings (a truncated file) into errors.
-    side = at_least or 0
-    pixels: np.ndarray = simplejpeg.decode_jpeg(encoded, colorspace="RGB", min_height=side, min_width=side, strict=True)
+    factor = 1
+    if at_least:
+        factor = next((f for f in (8, 4, 2) if -(-min(height, width) // f) >= at_least), 1)
+    # Asking for exactly the 1/factor size makes libjpeg pick that scale, not an M/8 one between.
+    pixels: np.ndarray = simplejpeg.decode_jpeg(
+        encoded, colorspace="RGB", min_height=-(-height // factor), min_width=-(-width // factor), strict=True
+    )
     return pixels
 
 

@@ -1,0 +1,55 @@
+"""Tiny real shards for tests: tars (plain or gzipped) and ArrayRecord files in tmp_path."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def jpeg(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
+    """A small real JPEG with content that differs per seed."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+    image = Image.fromarray(base).resize(size, Image.Resampling.BILINEAR)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def make_tar(path: Path, members: Iterable[tuple[str, bytes]], *, compress: bool = False) -> Path:
+    """A tar of (member path, bytes) in the given order; gzip-compressed but still named as given if asked."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = buffer.getvalue()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+    return path
+
+
+def sample_members(keys: Iterable[str], *, bad: Iterable[str] = ()) -> list[tuple[str, bytes]]:
+    """jpg + txt members for each key; keys in ``bad`` get bytes that are not an image."""
+    bad = set(bad)
+    out = []
+    for i, key in enumerate(keys):
+        out.append((f"{key}.jpg", b"this is not a jpeg" if key in bad else jpeg(i)))
+        out.append((f"{key}.txt", f"caption of {key}".encode()))
+    return out
+
+
+def make_array_record(path: Path, records: Iterable[bytes]) -> Path:
+    from array_record.python import array_record_module
+
+    writer = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return path

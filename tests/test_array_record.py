@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from helpers import jpeg, make_array_record
+
+import datacat
+from datacat.errors import RecordError, ShardError
+from datacat.formats.array_record import ArrayRecordReader, count_records
+from datacat.formats.packed import pack_record, unpack_pre_resized, unpack_record
+from datacat.pipeline import SampleSource
+
+
+def _by_hand(entries: dict[str, bytes]) -> bytes:
+    out = b""
+    for key, value in entries.items():
+        out += struct.pack("<I", len(key.encode())) + key.encode() + struct.pack("<I", len(value)) + value
+    return out
+
+
+def test_pack_round_trip_matches_hand_written_layout() -> None:
+    entries = {"jpg": jpeg(1), "txt": "un café".encode(), "key": b"000123", "meta": b"{}"}
+    packed = pack_record({**entries, "txt": "un café"})
+    assert packed == _by_hand(entries)
+    assert unpack_record(packed) == entries
+    assert unpack_record(_by_hand(entries)) == entries
+    assert list(unpack_record(packed)) == ["jpg", "txt", "key", "meta"]  # dict order kept
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_by_hand({"jpg": b"x" * 50})[:-10], "truncated packed record: value of 'jpg' needs 50 bytes, 40 remain"),
+        (_by_hand({"jpg": b"x"}) + b"\x01\x00", "2 stray byte"),
+        (struct.pack("<I", 2) + b"\xff\xfe" + struct.pack("<I", 0), "not utf-8"),
+        (struct.pack("<I", 1000) + b"abc", "key length 1000"),
+        (_by_hand({"a": b"1"}) + _by_hand({"a": b"2"}), "appears twice"),
+    ],
+)
+def test_bad_packed_records_say_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        unpack_record(data)
+
+
+def test_pre_resized_layout() -> None:
+    pixels = bytes(range(2 * 3 * 3))
+    entries = unpack_record(_by_hand({"image": pixels, "shape": struct.pack("<ii", 2, 3), "caption": b"c"}))
+    assert unpack_pre_resized(entries).shape == (2, 3, 3)
+    with pytest.raises(ValueError, match="shape says 3x3x3"):
+        unpack_pre_resized({"image": pixels, "shape": struct.pack("<ii", 3, 3)})
+
+
+def test_shared_array_record_files_count(shared_data: Path) -> None:
+    assert count_records(str(shared_data / "array_record" / "digits.array_record-00000-of-00001")) == 10
+    assert count_records(str(shared_data / "array_record" / "operators.array_record-00000-of-00001")) == 4
+
+
+def test_shared_files_read_through_a_catalog_entry(shared_data: Path, tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        f"ops:\n  description: d\n  format: array_record\n  location: {{root: {shared_data / 'array_record'}, "
+        "shards: [digits.array_record-00000-of-00001, operators.array_record-00000-of-00001]}\n  record: {layout: single}\n"
+    )
+    plan = datacat.resolve("ops", catalog=datacat.load_catalog([tmp_path / "c.yaml"], builtin=False))
+    reader = ArrayRecordReader(plan)
+    assert len(reader) == 14 and reader.counts == (10, 4)
+    assert reader.item(0).payload.endswith(b"0") and reader.item(9).payload.endswith(b"9")
+    assert reader.item(10).payload.endswith(b"+") and reader.item(13).payload.endswith(b"/")
+    assert reader.item(12).key == "operators.array_record-00000-of-00001:2"
+
+
+def _entry(tmp_path: Path, per_shard: str = "") -> datacat.Catalog:
+    (tmp_path / "c.yaml").write_text(
+        "t:\n  description: d\n  format: array_record\n  location: {root: ., shards: '{0..1}.ar'}\n"
+        f"  record: {{layout: packed, key: key}}\n{per_shard}"
+    )
+    return datacat.load_catalog([tmp_path / "c.yaml"], builtin=False)
+
+
+def _records(n: int, start: int = 0, bad: set[int] = frozenset()) -> list[bytes]:  # type: ignore[assignment]
+    out = []
+    for i in range(start, start + n):
+        out.append(
+            b"\x05\x00" if i in bad else pack_record({"key": f"k{i:03d}", "jpg": jpeg(i), "txt": f"caption {i}"})
+        )
+    return out
+
+
+def test_records_across_shards_and_garbled_record(tmp_path: Path) -> None:
+    make_array_record(tmp_path / "0.ar", _records(5, bad={3}))
+    make_array_record(tmp_path / "1.ar", _records(4, start=5))
+    plan = datacat.resolve("t", catalog=_entry(tmp_path), image_size=16, augmentation="none")
+    source = SampleSource(plan)
+    assert len(source) == 9
+    assert source.sample(6)["key"] == "k006" and source.sample(6)["caption"] == "caption 6"
+    with pytest.raises(RecordError, match=r"shard .*0\.ar, key 0\.ar:3: truncated packed record"):
+        source.sample(3)
+
+
+def test_declared_counts_skip_opening_and_are_checked(tmp_path: Path) -> None:
+    make_array_record(tmp_path / "0.ar", _records(5))
+    make_array_record(tmp_path / "1.ar", _records(4, start=5))
+    catalog = _entry(tmp_path, "  totals: {per_shard: {0.ar: 5, 1.ar: 3}}\n")
+    reader = ArrayRecordReader(datacat.resolve("t", catalog=catalog))
+    assert len(reader) == 8  # from the catalog, nothing opened yet
+    reader.item(0)
+    with pytest.raises(ShardError, match=r"1\.ar has 4 records, the catalog declares 3"):
+        reader.item(6)
+
+
+def test_truncated_and_missing_shards(tmp_path: Path) -> None:
+    make_array_record(tmp_path / "0.ar", _records(5))
+    data = (tmp_path / "0.ar").read_bytes()
+    (tmp_path / "1.ar").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ShardError, match=r"1\.ar cannot be read .*: it is truncated"):
+        ArrayRecordReader(datacat.resolve("t", catalog=_entry(tmp_path)))
+    (tmp_path / "1.ar").unlink()
+    with pytest.raises(FileNotFoundError, match=r"1\.ar"):
+        ArrayRecordReader(datacat.resolve("t", catalog=_entry(tmp_path)))

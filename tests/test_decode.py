@@ -1,0 +1,108 @@
+"""decode_image against Pillow, for every image in ../shared/data/images."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from datacat.transforms.decode import decode_image
+
+BROKEN = {
+    "broken.png": "no decoder recognises",
+    "truncated_image.png": "truncated",
+    "truncated_jpeg.jpg": "Premature end",
+}
+
+
+def _images(shared: Path) -> list[Path]:
+    return sorted(p for p in (shared / "images").rglob("*") if p.is_file())
+
+
+def test_every_shared_image_decodes_or_raises_value_error(shared_data: Path) -> None:
+    seen = 0
+    for path in _images(shared_data):
+        data = path.read_bytes()
+        if path.name in BROKEN:
+            with pytest.raises(ValueError, match=BROKEN[path.name]):
+                decode_image(data)
+            continue
+        pixels = decode_image(data)
+        seen += 1
+        with Image.open(path) as ref:
+            assert pixels.shape == (ref.height, ref.width, 3), path.name
+            assert pixels.dtype == np.uint8
+            if ref.mode in ("RGB", "CMYK", "L") and "transparency" not in ref.info:
+                # Pillow defines the answer: its own RGB conversion (grey replicated, CMYK converted).
+                np.testing.assert_array_equal(pixels, np.asarray(ref.convert("RGB")), err_msg=path.name)
+    assert seen == 23
+
+
+def test_exif_orientation_is_ignored(shared_data: Path) -> None:
+    for name in ("hopper_orientation_3.jpg", "hopper_orientation_6.jpg"):
+        path = shared_data / "images" / "pillow" / name
+        with Image.open(path) as ref:
+            np.testing.assert_array_equal(decode_image(path.read_bytes()), np.asarray(ref.convert("RGB")))
+
+
+def test_transparency_is_composited_onto_white(shared_data: Path) -> None:
+    for name in ("transparent.png", "uncompressed_la.png", "p_trns_single.png", "pil123p.png"):
+        path = shared_data / "images" / "pillow" / name
+        with Image.open(path) as ref:
+            rgba = np.asarray(ref.convert("RGBA")).astype(np.float64)
+        expected = np.rint(rgba[..., :3] * rgba[..., 3:] / 255 + 255 * (1 - rgba[..., 3:] / 255))
+        got = decode_image(path.read_bytes()).astype(np.float64)
+        assert np.abs(got - expected).max() <= 1, name
+        assert (got[rgba[..., 3] == 0] == 255).all(), name  # fully transparent is white
+
+
+def test_sixteen_bit_grey_keeps_high_byte_and_transparency(shared_data: Path) -> None:
+    path = shared_data / "images" / "pillow" / "i_trns.png"
+    with Image.open(path) as ref:
+        values = np.asarray(ref).astype(np.uint32)
+        transparent = ref.info["transparency"]
+    got = decode_image(path.read_bytes())
+    opaque = values != transparent
+    assert (got[..., 0][opaque] == (values[opaque] >> 8)).all()
+    assert (got[~opaque] == 255).all() and (~opaque).any()
+    assert (got[..., 0] == got[..., 2]).all()
+
+
+def test_at_least_uses_the_largest_dct_reduction(shared_data: Path) -> None:
+    data = (shared_data / "images" / "skimage" / "retina.jpg").read_bytes()  # 1411 x 1411
+    assert decode_image(data, at_least=256).shape == (353, 353, 3)  # 1/4; 1/8 would be 177 < 256
+    assert decode_image(data, at_least=800).shape == (1411, 1411, 3)
+    cmyk = (shared_data / "images" / "pillow" / "pil_sample_cmyk.jpg").read_bytes()  # 100 x 100, via Pillow's draft
+    assert decode_image(cmyk, at_least=40).shape == (50, 50, 3)
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that claims width x height but carries almost no pixel data."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", ihdr)
+        + _chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + _chunk(b"IEND", b"")
+    )
+
+
+def test_decompression_bomb_is_refused_from_the_header() -> None:
+    with pytest.raises(ValueError, match="refused before decoding"):
+        decode_image(_png_header_only(100_000, 100_000))
+    with pytest.raises(ValueError, match="over the 1000-pixel limit"):
+        decode_image(_png_header_only(100, 100), max_pixels=1000)
+
+
+@pytest.mark.parametrize("data", [b"", b"not an image at all", b"\xff\xd8\xff\xe0" + b"\x00" * 20])
+def test_garbage_is_a_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_image(data)

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datacat.transforms.augment import augment_image, image_augmentations, record_rng
+from datacat.transforms.captions import PROMPT_TEMPLATES, caption_from_label, record_caption
+from datacat.transforms.resize import resize_image
+
+
+def _halves(height: int, width: int) -> np.ndarray:
+    image = np.zeros((height, width, 3), dtype=np.uint8)
+    image[:, : width // 2] = (255, 0, 0)
+    image[:, width // 2 :] = (0, 0, 255)
+    return image
+
+
+def test_resize_modes() -> None:
+    wide = _halves(100, 300)
+    crop = resize_image(wide, 50)
+    assert crop.shape == (50, 50, 3)
+    # The central square of a red|blue image straddles the boundary: both colours, in order.
+    assert crop[25, 5, 0] > 200 and crop[25, 44, 2] > 200
+    squash = resize_image(wide, 50, mode="squash")
+    assert squash[25, 2, 0] == 255 and squash[25, 47, 2] == 255
+    pad = resize_image(wide, 60, mode="pad")
+    assert pad.shape == (60, 60, 3) and (pad[0] == 255).all() and (pad[-1] == 255).all()
+    assert pad[30, 2, 0] == 255 and pad[30, 2, 1] == 0
+    up = resize_image(_halves(10, 10), 40)
+    assert up.shape == (40, 40, 3)
+    with pytest.raises(ValueError, match="unknown resize mode"):
+        resize_image(wide, 10, mode="stretch")  # type: ignore[arg-type]
+
+
+def test_area_down_keeps_mean_colour() -> None:
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(256, 256, 3), dtype=np.uint8)
+    small = resize_image(image, 64)
+    assert abs(small.mean() - image.mean()) < 1.0
+
+
+def test_flip_jitter_changes_pixels_and_is_reproducible() -> None:
+    image = resize_image(_halves(64, 64), 64)
+    image[:, :, 1] = np.arange(64, dtype=np.uint8)[None, :] * 3
+    augment = image_augmentations("flip_jitter")
+    outs = [augment_image(augment, image, record_rng(7, uid)) for uid in range(8)]
+    assert all(out.dtype == np.uint8 and out.shape == image.shape for out in outs)
+    assert sum(not np.array_equal(out, image) for out in outs) == 8  # jitter always moves pixels
+    again = augment_image(augment, image, record_rng(7, 3))
+    np.testing.assert_array_equal(again, outs[3])
+    assert not np.array_equal(augment_image(augment, image, record_rng(8, 3)), outs[3])
+
+
+def test_flip_only_flips_and_none_is_identity() -> None:
+    image = _halves(8, 8)
+    flip = image_augmentations("flip_only")
+    outs = [augment_image(flip, image, record_rng(0, uid)) for uid in range(16)]
+    flipped = [np.array_equal(out, image[:, ::-1]) for out in outs]
+    kept = [np.array_equal(out, image) for out in outs]
+    assert all(f or k for f, k in zip(flipped, kept, strict=True)) and any(flipped) and any(kept)
+    assert augment_image(image_augmentations("none"), image, record_rng(0, 0)) is image
+
+
+def test_captions() -> None:
+    assert record_caption({"txt": b" a cat \n"}) == "a cat"
+    assert record_caption({"text": "a dog"}) == "a dog"
+    assert record_caption({"jpg": b""}) is None
+    with pytest.raises(ValueError, match="not utf-8"):
+        record_caption({"caption": b"\xff\xfe"})
+    caption = caption_from_label(1, ("rose", "tulip"), PROMPT_TEMPLATES, record_rng(0, 5))
+    assert "tulip" in caption and caption in {t.format("tulip") for t in PROMPT_TEMPLATES}
+    with pytest.raises(ValueError, match="outside the 2 class names"):
+        caption_from_label(2, ("rose", "tulip"), PROMPT_TEMPLATES, record_rng(0, 5))

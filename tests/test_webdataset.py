@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from helpers import make_tar, sample_members
+
+import datacat
+from datacat.errors import RecordError, ShardError
+from datacat.formats.webdataset import WebDatasetReader, decode_member, group_by_key, split_key, tar_members
+from datacat.pipeline import SampleSource
+
+
+def _catalog(tmp_path: Path, body: str) -> datacat.Catalog:
+    path = tmp_path / "cat.yaml"
+    path.write_text(body)
+    return datacat.load_catalog([path], builtin=False)
+
+
+def test_split_key_follows_webdataset() -> None:
+    assert split_key("compressed/0001.txt.gz") == ("compressed/0001", "txt.gz")
+    assert split_key("a/b.c/000.seg.png") == ("a/b.c/000", "seg.png")
+    assert split_key("000000.mp") == ("000000", "mp")
+    assert split_key("README") is None
+
+
+def test_shared_compressed_tar(shared_data: Path) -> None:
+    url = str(shared_data / "webdataset" / "compressed.tar")
+    with open(url, "rb") as stream:
+        samples = list(group_by_key(tar_members(stream, url), url))
+    assert [k for k, _ in samples] == ["compressed/0001", "compressed/0002", "compressed/0003"]
+    assert all(set(fields) == {"txt.gz"} for _, fields in samples)
+    ext, text = decode_member("txt.gz", samples[0][1]["txt.gz"])
+    assert ext == "txt" and isinstance(text, str) and text
+
+
+def test_shared_msgpack_tar(shared_data: Path) -> None:
+    url = str(shared_data / "webdataset" / "mpdata.tar")
+    with open(url, "rb") as stream:
+        samples = list(group_by_key(tar_members(stream, url), url))
+    assert len(samples) == 100
+    assert samples[0][0] == "000000" and samples[-1][0] == "000099"
+    assert all(list(fields) == ["mp"] and isinstance(fields["mp"], bytes) for _, fields in samples)
+
+
+def test_gzipped_tar_named_tar_is_detected_from_bytes(tmp_path: Path) -> None:
+    make_tar(tmp_path / "0.tar", sample_members(["a", "b"]), compress=True)
+    assert (tmp_path / "0.tar").read_bytes()[:2] == b"\x1f\x8b"
+    catalog = _catalog(tmp_path, "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}}\n")
+    samples = list(SampleSource(datacat.resolve("t", catalog=catalog, image_size=16)).iter_samples())
+    assert [s["key"] for s in samples] == ["a", "b"] and samples[1]["caption"] == "caption of b"
+
+
+def test_non_contiguous_or_repeated_keys_are_errors(tmp_path: Path) -> None:
+    members = sample_members(["a", "b"])
+    interleaved = [members[0], members[2], members[1], members[3]]  # a.jpg b.jpg a.txt b.txt
+    url = str(make_tar(tmp_path / "x.tar", interleaved))
+    with open(url, "rb") as stream, pytest.raises(RecordError, match=r"key 'a' appears again"):
+        list(group_by_key(tar_members(stream, url), url))
+    twice = [members[0], members[1], ("a.jpg", b"again")]
+    url = str(make_tar(tmp_path / "y.tar", twice))
+    with open(url, "rb") as stream, pytest.raises(RecordError, match=r"member .jpg twice"):
+        list(group_by_key(tar_members(stream, url), url))
+
+
+def test_truncated_tar_is_a_shard_error(tmp_path: Path) -> None:
+    path = make_tar(tmp_path / "t.tar", sample_members([f"{i:03d}" for i in range(5)]))
+    path.write_bytes(path.read_bytes()[:3000])
+    with open(path, "rb") as stream, pytest.raises(ShardError, match=r"t\.tar"):
+        list(tar_members(stream, str(path)))
+
+
+def test_member_decoding(tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    array = io.BytesIO()
+    np.save(array, np.arange(4, dtype=np.float32))
+    members = [
+        ("k.jpg", b"x"),
+        ("k.txt", b"hi"),
+        ("k.json", json.dumps({"a": 1}).encode()),
+        ("k.cls", b" 7\n"),
+        ("k.npy", array.getvalue()),
+        ("k.weird", b"\x00\x01"),
+    ]
+    make_tar(tmp_path / "0.tar", members)
+    catalog = _catalog(
+        tmp_path,
+        "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, record: {label: cls, embedding: npy}}\n",
+    )
+    reader = WebDatasetReader(datacat.resolve("t", catalog=catalog))
+    record = reader.parse(next(reader.iter_shard(0)))
+    assert record["caption"] == "hi" and record["label"] == 7 and record["members"]["json"] == {"a": 1}
+    assert record["embedding"].tolist() == [0, 1, 2, 3] and record["members"]["weird"] == b"\x00\x01"
+
+
+def test_skip_yields_every_good_sample_and_ledgers_the_bad(tmp_path: Path) -> None:
+    keys = [f"{i:04d}" for i in range(12)]
+    bad = {"0002", "0005", "0011"}
+    make_tar(tmp_path / "0.tar", sample_members(keys, bad=bad))
+    catalog = _catalog(tmp_path, "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}}\n")
+    plan = datacat.resolve("t", catalog=catalog, image_size=16, on_bad_sample="skip", bad_sample_budget=0.5)
+    source = SampleSource(plan)
+    samples = list(source.iter_samples())
+    assert [s["key"] for s in samples] == [k for k in keys if k not in bad]
+    assert sorted(b.key for b in source.ledger.skipped) == sorted(bad)
+    assert all(b.shard.endswith("0.tar") and "no decoder recognises" in b.reason for b in source.ledger.skipped)
+    assert source.ledger.seen == 12
+
+    strict = SampleSource(datacat.resolve("t", catalog=catalog, image_size=16))
+    with pytest.raises(RecordError, match=r"shard .*0\.tar, key 0002: not a readable image"):
+        list(strict.iter_samples())
+
+    tight = SampleSource(
+        datacat.resolve("t", catalog=catalog, image_size=16, on_bad_sample="skip", bad_sample_budget=0.1)
+    )
+    with pytest.raises(datacat.errors.BadSampleBudgetExceeded, match="over the budget"):
+        list(tight.iter_samples())
