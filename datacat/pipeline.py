@@ -4,6 +4,10 @@ Both backends run these same steps, so a record means the same thing in
 torch and jax. Positions are canonical: shards in plan order, records in
 shard order, bad records included, so the holdout and ``count`` select the
 same records whatever is skipped or however the work is split.
+
+``SampleSource`` reads and transforms records; ``EpochView`` is one rank's
+part of one epoch by index, the object worker processes of either backend
+read from.
 """
 
 from __future__ import annotations
@@ -11,15 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from datacat.errors import OptionError
+from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
+from datacat.errors import DatacatError, OptionError
 from datacat.formats import RawItem, open_reader
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
-from datacat.transforms.ledger import Ledger
+from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker
 from datacat.transforms.sample import ImageTransform
 
-__all__ = ["SampleSource", "selected_range"]
+__all__ = ["EpochView", "SampleSource", "selected_range"]
 
 
 def selected_range(plan: Plan, total: int) -> range:
@@ -47,6 +52,10 @@ class SampleSource:
         on_bad_sample: BadSamplePolicy | None = None,
         bad_sample_budget: float | None = None,
     ) -> None:
+        if plan.format == "mixture":
+            raise OptionError(f"{plan.name} is a mixture; loading mixtures is not implemented yet, load a component")
+        if plan.glob is not None:
+            raise OptionError(f"{plan.name}: its shards were not listed; resolve it with list_shards=True")
         self.plan = plan
         self.reader = open_reader(plan)
         self.transform = ImageTransform(plan, tokenize=tokenize)
@@ -62,39 +71,44 @@ class SampleSource:
 
     @property
     def random_access(self) -> bool:
-        """Whether samples can be read by position (``len`` and ``sample``)."""
+        """Whether records can be read by position (``len`` and ``sample``)."""
         return hasattr(self.reader, "item")
 
     def __len__(self) -> int:
-        if not self.random_access:
-            raise TypeError(f"{self.plan.name} is a stream format; it has no length before it is read")
         return len(self.selection())
 
+    def total(self) -> int:
+        """Records in all shards, before holdout and count."""
+        if self.random_access:
+            return len(self.reader)
+        return self.shard_offsets()[-1]
+
     def selection(self) -> range:
-        """The canonical positions this source reads (random access)."""
-        return selected_range(self.plan, len(self.reader))
-
-    def sample(self, index: int) -> dict[str, Any] | None:
-        """The sample at selected position ``index``, or None when the skip policy dropped it."""
-        item = self.reader.item(self.selection()[index])
-        return self._apply(item)
-
-    def _apply(self, item: RawItem) -> dict[str, Any] | None:
-        return self.ledger.apply(lambda it: self.transform(self.reader.parse(it)), item, shard=item.shard, key=item.key)
+        """The canonical positions this source reads."""
+        return selected_range(self.plan, self.total())
 
     def shard_offsets(self) -> list[int]:
-        """The canonical position of each shard's first record; needs per-shard counts."""
+        """The canonical position of each shard's first record, then the total; needs per-shard counts."""
         counts = [s.samples for s in self.plan.shards]
         if any(c is None for c in counts):
+            missing = [s.name for s in self.plan.shards if s.samples is None][:3]
             raise OptionError(
-                f"{self.plan.name}: splitting its shards while holding out or counting records needs the records per "
-                "shard; declare totals.per_shard in the catalog entry"
+                f"{self.plan.name}: reading a stream format by position needs the records of every shard "
+                f"(none declared for {', '.join(missing)}...); declare totals.per_shard in the catalog entry"
             )
-        offsets, total = [], 0
-        for c in counts:
-            offsets.append(total)
-            total += c or 0
-        return offsets
+        return cumulative([c or 0 for c in counts])
+
+    def process(self, item: RawItem, *, epoch: int = 0) -> dict[str, Any]:
+        """The sample of one raw item, or a bad-sample marker for the ledger to judge."""
+        try:
+            return self.transform(self.reader.parse(item), epoch=epoch)
+        except ValueError as exc:  # RecordError is a ValueError too
+            return bad_marker(BadSample(self.plan.name, item.shard, item.key, str(exc)))
+
+    def sample(self, index: int, *, epoch: int = 0) -> dict[str, Any] | None:
+        """The sample at selected position ``index``, or None when the skip policy dropped it."""
+        item = self.reader.item(self.selection()[index])
+        return self.ledger.admit(self.process(item, epoch=epoch))
 
     def iter_samples(self, shards: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
         """The samples of ``shards`` (default all, in order), selection and policy applied."""
@@ -103,7 +117,7 @@ class SampleSource:
         if not (plan.holdout_records or plan.loading.count is not None or plan.from_holdout):
             for shard in order:
                 for item in self.reader.iter_shard(shard):
-                    if (sample := self._apply(item)) is not None:
+                    if (sample := self.ledger.admit(self.process(item))) is not None:
                         yield sample
             return
         # Read in order from the first shard, positions are counted on the way;
@@ -115,8 +129,7 @@ class SampleSource:
         for shard in order:
             if offsets is not None:
                 position = offsets[shard]
-                count = plan.shards[shard].samples or 0
-                if position + count <= wanted.start or position >= wanted.stop:
+                if offsets[shard + 1] <= wanted.start or position >= wanted.stop:
                     continue  # no selected record in this shard: leave it unopened
             elif position >= wanted.stop:
                 return
@@ -124,5 +137,80 @@ class SampleSource:
                 here, position = position, position + 1
                 if here >= wanted.stop:
                     break
-                if here >= wanted.start and (sample := self._apply(item)) is not None:
+                if here >= wanted.start and (sample := self.ledger.admit(self.process(item))) is not None:
                     yield sample
+
+
+class EpochView:
+    """One rank's records of one epoch, by index into its slice of the epoch's sequence.
+
+    ``view[i]`` is a sample or a marker (bad sample, error) for the main
+    process's ledger; it never raises, so a worker process of either
+    backend hands every outcome back in order. Picklable: workers get copies.
+    Stream formats are read front to back; consecutive indices continue
+    the open shard instead of reopening it.
+    """
+
+    def __init__(self, source: SampleSource, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> None:
+        self.source = source
+        self.schedule = schedule
+        self.epoch = epoch
+        selection = source.selection()
+        self.first = selection.start
+        if source.random_access:
+            self.permutation = Feistel(len(selection), epoch_key(seed, epoch)) if shuffle else None
+        else:
+            offsets = source.shard_offsets()
+            order = shard_order(len(source.plan.shards), seed, epoch, shuffle)
+            # Each shard contributes its selected records, [begin, end) within the shard.
+            spans = []
+            for shard in order:
+                begin = max(selection.start, offsets[shard]) - offsets[shard]
+                end = min(selection.stop, offsets[shard + 1]) - offsets[shard]
+                if end > begin:
+                    spans.append((shard, begin, end))
+            self.spans = spans
+            self.span_starts = cumulative([end - begin for _, begin, end in spans])
+        self._cursor: tuple[int, int, Iterator[RawItem]] | None = None
+
+    def __len__(self) -> int:
+        return self.schedule.stop - self.schedule.start
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cursor": None}
+
+    def __repr__(self) -> str:
+        return f"EpochView({self.source.plan.name!r}, epoch={self.epoch}, records {self.schedule.start}..{self.schedule.stop})"
+
+    def position(self, index: int) -> int:
+        """The canonical position of the record at ``index`` of this rank's slice."""
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        j = self.schedule.start + index
+        if self.source.random_access:
+            return self.first + (self.permutation[j] if self.permutation is not None else j)
+        part, offset = locate(self.span_starts, j)
+        shard, begin, _ = self.spans[part]
+        return self.source.shard_offsets()[shard] + begin + offset
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        try:
+            item = self._item(index)
+        except (DatacatError, FileNotFoundError, OSError) as exc:
+            return error_marker(exc)
+        return self.source.process(item, epoch=self.epoch)
+
+    def _item(self, index: int) -> RawItem:
+        if self.source.random_access:
+            return self.source.reader.item(self.position(index))  # type: ignore[no-any-return]
+        part, offset = locate(self.span_starts, self.schedule.start + index)
+        shard, begin, _ = self.spans[part]
+        local = begin + offset
+        if self._cursor is None or self._cursor[0] != shard or self._cursor[1] > local:
+            self._cursor = (shard, 0, self.source.reader.iter_shard(shard))
+        _, at, items = self._cursor
+        for _ in range(local - at):
+            next(items)  # records before this one in the shard: read past, not decoded
+        item = next(items)
+        self._cursor = (shard, local + 1, items)
+        return item  # type: ignore[no-any-return]

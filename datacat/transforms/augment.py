@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
@@ -36,9 +37,10 @@ def image_augmentations(mode: Augmentation) -> Augment | None:
     raise ValueError(f"unknown augmentation {mode!r}; use none, flip_only or flip_jitter")
 
 
-def record_rng(seed: int, uid: int) -> np.random.Generator:
-    """The rng of one record: a Philox keyed by the run's seed and the record's stable id."""
-    return np.random.Generator(np.random.Philox(key=((seed & (2**64 - 1)) << 64) | (uid & (2**64 - 1))))
+def record_rng(seed: int, uid: int, epoch: int = 0) -> np.random.Generator:
+    """The rng of one record in one epoch: a Philox keyed by (seed, epoch) and the record's stable id."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}".encode(), digest_size=8).digest()
+    return np.random.Generator(np.random.Philox(key=(int.from_bytes(digest, "little") << 64) | (uid & (2**64 - 1))))
 
 
 def augment_image(augment: Augment | None, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -2,6 +2,9 @@
 
 Never a placeholder: a record that cannot become a sample is either an error
 naming its shard and key, or an entry in the ledger and one record fewer.
+Work done in worker processes comes back as markers (``bad_marker``,
+``error_marker``) and the one ledger in the main process applies the
+policy, so counts, budget and errors are the same whatever the worker count.
 """
 
 from __future__ import annotations
@@ -9,21 +12,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from datacat.errors import BadSampleBudgetExceeded, RecordError
+from datacat.errors import BadSampleBudgetExceeded, DatacatError, OptionError, RecordError, ShardError
 from datacat.schema import BadSamplePolicy
 
-__all__ = ["BadSample", "Ledger"]
+__all__ = ["BadSample", "Ledger", "bad_marker", "error_marker"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+_BAD, _ERROR = "__bad__", "__error__"
+_ERRORS: dict[str, type[Exception]] = {
+    "ShardError": ShardError,
+    "RecordError": RecordError,
+    "OptionError": OptionError,
+    "FileNotFoundError": FileNotFoundError,
+    "DatacatError": DatacatError,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class BadSample:
-    """One record that was skipped, and why."""
+    """One record that could not become a sample, and why."""
 
     dataset: str
     shard: str
@@ -32,6 +41,17 @@ class BadSample:
 
     def __str__(self) -> str:
         return f"{self.dataset} {self.shard} key {self.key}: {self.reason}"
+
+
+def bad_marker(bad: BadSample) -> dict[str, Any]:
+    """What a worker yields in place of a record that cannot become a sample."""
+    return {_BAD: dataclasses.astuple(bad)}
+
+
+def error_marker(exc: BaseException) -> dict[str, Any]:
+    """What a worker yields in place of raising, so the main process raises it cleanly."""
+    kind = next((name for name, cls in _ERRORS.items() if isinstance(exc, cls)), "DatacatError")
+    return {_ERROR: (kind, str(exc))}
 
 
 @dataclasses.dataclass
@@ -51,25 +71,30 @@ class Ledger:
     seen: int = 0
     skipped: list[BadSample] = dataclasses.field(default_factory=list)
 
-    def apply(self, func: Callable[[Any], T], record: Any, *, shard: str, key: str) -> T | None:
-        """``func(record)``, or None after recording why it failed under ``skip``."""
+    def admit(self, output: dict[str, Any]) -> dict[str, Any] | None:
+        """The sample in ``output``, or None for a skipped one; raises per the policy or a worker's error."""
         self.seen += 1
-        try:
-            return func(record)
-        except (ValueError, RecordError) as exc:
-            reason = str(exc)
+        if _ERROR in output:
+            kind, message = output[_ERROR]
+            cls = _ERRORS.get(kind, DatacatError)
+            if cls is FileNotFoundError:
+                raise FileNotFoundError(2, message)
+            raise cls(message)
+        if _BAD in output:
+            bad = BadSample(*output[_BAD])
             if self.policy == "raise":
                 raise RecordError(
-                    f"{self.dataset}: bad sample in shard {shard}, key {key}: {reason}. "
+                    f"{bad.dataset}: bad sample in shard {bad.shard}, key {bad.key}: {bad.reason}. "
                     "Fix or remove it, or load with on_bad_sample='skip'."
-                ) from exc
-        self.skip(shard=shard, key=key, reason=reason)
-        return None
+                )
+            self.skip(bad)
+            return None
+        return output
 
-    def skip(self, *, shard: str, key: str, reason: str) -> None:
+    def skip(self, bad: BadSample) -> None:
         """Records one dropped sample; raises when the budget is spent."""
-        self.skipped.append(BadSample(self.dataset, shard, key, reason))
-        log.warning("skipped bad sample: %s", self.skipped[-1])
+        self.skipped.append(bad)
+        log.warning("skipped bad sample: %s", bad)
         base = self.expected if self.expected is not None else self.seen
         allowed = max(self.min_allowed, int(self.budget * base))
         if len(self.skipped) > allowed:
@@ -90,7 +115,11 @@ class Ledger:
         first = "; ".join(str(b) for b in self.skipped[:3])
         return f"{self.dataset}: skipped {len(self.skipped)} of {self.seen}: {shards}. First: {first}"
 
-    def merge(self, other: Ledger) -> None:
-        """Adds another process's counts and skips to this ledger."""
-        self.seen += other.seen
-        self.skipped.extend(other.skipped)
+    def state(self) -> dict[str, Any]:
+        """The counts and skips as JSON-able data, for a loader's saved state."""
+        return {"seen": self.seen, "skipped": [dataclasses.astuple(b) for b in self.skipped]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Counts and skips from ``state()``."""
+        self.seen = int(state["seen"])
+        self.skipped = [BadSample(*b) for b in state["skipped"]]

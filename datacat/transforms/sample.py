@@ -42,9 +42,9 @@ class ImageTransform:
     def __repr__(self) -> str:
         return f"ImageTransform({self.name!r}, size={self.size}, resize={self.resize!r}, augment={self.augment}, seed={self.seed})"
 
-    def __call__(self, record: Mapping[str, Any]) -> dict[str, Any]:
+    def __call__(self, record: Mapping[str, Any], *, epoch: int = 0) -> dict[str, Any]:
         """The sample ``{"image", "caption", "key"}`` (plus ``label``, ``embedding``, ``tokens``) of ``record``."""
-        rng = record_rng(self.seed, int(record["__uid__"]))
+        rng = record_rng(self.seed, int(record["__uid__"]), epoch)
         image = record.get("image")
         if image is None:
             raise ValueError("record has no image")
