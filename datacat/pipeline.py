@@ -213,4 +213,4 @@ class EpochView:
             next(items)  # records before this one in the shard: read past, not decoded
         item = next(items)
         self._cursor = (shard, local + 1, items)
-        return item  # type: ignore[no-any-return]
+        return item
