@@ -5,6 +5,7 @@ A YAML entry says where a dataset's shards live and how a record is laid out;
 backends run that Plan. Importing datacat imports neither framework.
 """
 
+from datacat.backends import open_loader as open
 from datacat.catalog import Catalog, load_catalog
 from datacat.describe import describe
 from datacat.errors import (
@@ -30,6 +31,7 @@ __all__ = [
     "ShardError",
     "describe",
     "load_catalog",
+    "open",
     "resolve",
 ]
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ read from.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marke
 from datacat.transforms.sample import ImageTransform
 
 __all__ = ["EpochView", "SampleSource", "selected_range"]
+
+_READ_AHEAD = 256
 
 
 def selected_range(plan: Plan, total: int) -> range:
@@ -172,12 +175,20 @@ class EpochView:
             self.spans = spans
             self.span_starts = cumulative([end - begin for _, begin, end in spans])
         self._cursor: tuple[int, int, Iterator[RawItem]] | None = None
+        # Reader threads (grain reads a source from several) ask for neighbouring indices out of
+        # order; records read past on the way are kept here until asked for.
+        self._ahead: dict[tuple[int, int], RawItem] = {}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.schedule.stop - self.schedule.start
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cursor": None}
+        return {**self.__dict__, "_cursor": None, "_ahead": {}, "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"EpochView({self.source.plan.name!r}, epoch={self.epoch}, records {self.schedule.start}..{self.schedule.stop})"
@@ -206,11 +217,18 @@ class EpochView:
         part, offset = locate(self.span_starts, self.schedule.start + index)
         shard, begin, _ = self.spans[part]
         local = begin + offset
-        if self._cursor is None or self._cursor[0] != shard or self._cursor[1] > local:
-            self._cursor = (shard, 0, self.source.reader.iter_shard(shard))
-        _, at, items = self._cursor
-        for _ in range(local - at):
-            next(items)  # records before this one in the shard: read past, not decoded
-        item = next(items)
-        self._cursor = (shard, local + 1, items)
-        return item
+        with self._lock:
+            if (shard, local) in self._ahead:
+                return self._ahead.pop((shard, local))
+            if self._cursor is None or self._cursor[0] != shard or self._cursor[1] > local:
+                self._cursor = (shard, 0, self.source.reader.iter_shard(shard))
+            _, at, items = self._cursor
+            for skipped in range(at, local):
+                item = next(items)  # read past, not decoded; kept while another thread may want it
+                if local - skipped <= _READ_AHEAD:
+                    self._ahead[(shard, skipped)] = item
+            item = next(items)
+            self._cursor = (shard, local + 1, items)
+            while len(self._ahead) > _READ_AHEAD:
+                self._ahead.pop(next(iter(self._ahead)))
+            return item

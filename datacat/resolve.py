@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from datacat.catalog import Catalog, EntrySource, load_catalog
-from datacat.errors import OptionError
+from datacat.errors import OptionError, ShardError
 from datacat.interpolate import interpolate, interpolate_all
 from datacat.registry import FORMATS
 from datacat.rules import is_glob, shard_names
@@ -341,13 +341,21 @@ def _missing_names(location: Location, names: list[str]) -> set[str]:
 def _list_glob(glob: str, storage_options: Mapping[str, Any]) -> list[Shard]:
     import fsspec  # the storage layer is needed only when a glob must be listed
 
-    fs, path = fsspec.core.url_to_fs(glob, **storage_options)
+    try:
+        fs, path = fsspec.core.url_to_fs(glob, **storage_options)
+        found = sorted(fs.glob(path))
+    except Exception as exc:  # fsspec backends raise their own types for network and auth failures
+        raise ShardError(
+            f"cannot list shards {glob}: {exc}. Check the network and credentials, or set DATACAT_ROOT (or root=)"
+        ) from exc
+    if not found:
+        raise ShardError(f"no shards match {glob}; check the entry's root and path")
     folder = posixpath.dirname(glob) if "://" in glob else os.path.dirname(glob)
     shards = []
-    for found in sorted(fs.glob(path)):
-        name = posixpath.basename(found)
+    for item in found:
+        name = posixpath.basename(item)
         # Keep the URL as the catalog spells it when the glob is in the file name only.
-        url = _join(folder, name) if not is_glob(folder) else fs.unstrip_protocol(found)
+        url = _join(folder, name) if not is_glob(folder) else fs.unstrip_protocol(item)
         shards.append(Shard(name=name, url=url))
     return shards
 

@@ -62,12 +62,30 @@ def count_records(url: str) -> int:
         reader.close()
 
 
+def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
+    """Raises unless fsspec can see remote ``url``: array_record's own GCS client would retry for minutes."""
+    import fsspec  # remote shards only
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        fs.info(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url) from None
+    except Exception as exc:  # gcsfs/aiohttp raise their own types for network and auth failures
+        raise ShardError(
+            f"cannot reach {url}: {exc}. Check the network and credentials, or set DATACAT_ROOT (or root=) "
+            "to a local copy"
+        ) from exc
+
+
 class ArrayRecordReader:
     """Records of ArrayRecord shards by global index, shards in plan order."""
 
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
+        if self.urls and "://" in self.urls[0] and not self.urls[0].startswith("file://"):
+            check_reachable(self.urls[0], dict(plan.storage_options))
         self.record = plan.record
         self.declared = tuple(s.samples for s in plan.shards)
         counts = [n if n is not None else count_records(url) for url, n in zip(self.urls, self.declared, strict=True)]

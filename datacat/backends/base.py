@@ -1,0 +1,199 @@
+"""What both backends share: the epoch loop, batching by schedule, the ledger, and resumable state.
+
+A backend supplies only ``_outputs(view, start)``: the outputs of an
+``EpochView`` from index ``start`` on, in index order, computed in its own
+worker processes, and ``_collate`` to turn a list of samples into its
+framework's batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from datacat.epochs import Schedule, plan_schedule
+from datacat.errors import OptionError, PlanMismatch
+from datacat.pipeline import EpochView, SampleSource
+from datacat.resolve import Plan
+from datacat.schema import BadSamplePolicy
+from datacat.transforms.captions import Tokenize
+
+__all__ = ["Loader", "collate_numpy"]
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, Any]:
+    """A batch of samples as numpy arrays (image, label, embedding) and lists (caption, key, tokens)."""
+    batch: dict[str, Any] = {
+        "image": np.stack([s["image"] for s in samples])
+        if samples
+        else np.zeros((0, image_size, image_size, 3), np.uint8),
+        "caption": [s["caption"] for s in samples],
+        "key": [s["key"] for s in samples],
+    }
+    if samples and "label" in samples[0]:
+        batch["label"] = np.asarray([s["label"] for s in samples], dtype=np.int64)
+    if samples and "embedding" in samples[0]:
+        batch["embedding"] = np.stack([s["embedding"] for s in samples])
+    if samples and "tokens" in samples[0]:
+        batch["tokens"] = [s["tokens"] for s in samples]
+    return batch
+
+
+class Loader:
+    """Batches of one Plan for one rank, epoch after epoch, resumable from ``state_dict()``.
+
+    Every record of the split is delivered once per epoch across ranks and
+    workers; every rank gets the same number of batches (see
+    :mod:`datacat.epochs`). A batch holds the records its schedule assigns,
+    less any that the ``skip`` policy dropped.
+    """
+
+    framework = ""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        batch_size: int,
+        epochs: int | None = 1,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        drop_remainder: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        on_bad_sample: BadSamplePolicy | None = None,
+        bad_sample_budget: float | None = None,
+        tokenize: Tokenize | None = None,
+    ) -> None:
+        if num_workers < 0:
+            raise OptionError(f"num_workers must be 0 or more, not {num_workers}")
+        if epochs is not None and epochs < 1:
+            raise OptionError(f"epochs must be at least 1 (or None for endless), not {epochs}")
+        self.plan = plan
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.rank, self.world_size = rank, world_size
+        self.source = SampleSource(
+            plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
+        )
+        self.schedule: Schedule = plan_schedule(
+            len(self.source),
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            drop_remainder=drop_remainder,
+            name=plan.name,
+        )
+        self.drop_remainder = drop_remainder
+        self.epoch = 0
+        self.batch = 0  # batches delivered in the current epoch
+        self._restored: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.plan.name!r}, batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
+            f"workers={self.num_workers}, {self.schedule.batches} batches/epoch)"
+        )
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return self.schedule.batches
+
+    @property
+    def ledger(self) -> Any:
+        """The bad-sample ledger of this loader (counts, skipped samples, summary())."""
+        return self.source.ledger
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.epochs is None or self.epoch < self.epochs:
+            view = EpochView(self.source, self.schedule, seed=self.plan.seed, epoch=self.epoch, shuffle=self.shuffle)
+            start = self.schedule.consumed(self.batch)
+            outputs = self._outputs(view, start)
+            try:
+                for size in self.schedule.batch_sizes[self.batch :]:
+                    samples = []
+                    for _ in range(size):
+                        sample = self.source.ledger.admit(next(outputs))
+                        if sample is not None:
+                            samples.append(sample)
+                    self.batch += 1
+                    yield self._collate(samples)
+            finally:
+                close = getattr(outputs, "close", None)
+                if close is not None:
+                    close()
+            self.epoch += 1
+            self.batch = 0
+            self._restored = None
+
+    def _outputs(self, view: EpochView, start: int) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _collate(self, samples: list[dict[str, Any]]) -> Any:
+        return collate_numpy(samples, self.plan.loading.image_size)
+
+    def _backend_state(self) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is, as a small JSON-able dict; ``load_state_dict`` continues from it."""
+        return {
+            "version": STATE_VERSION,
+            "plan": self.plan.name,
+            "fingerprint": self.plan.fingerprint(),
+            "framework": self.framework,
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "drop_remainder": self.drop_remainder,
+            "shuffle": self.shuffle,
+            "num_workers": self.num_workers,
+            "ledger": self.source.ledger.state(),
+            "backend": self._backend_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, allow_other_plan: bool = False) -> None:
+        """Continues from ``state``: the next batch is the one after the last batch it had delivered.
+
+        A state saved for another Plan (other shards, weights, seed, options)
+        or another world layout is refused, unless ``allow_other_plan=True``.
+        """
+        if state.get("version") != STATE_VERSION:
+            raise PlanMismatch(
+                f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by another datacat"
+            )
+        mine = self.state_dict()
+        differences = [
+            f"{key}: saved {state.get(key)!r}, this loader {mine[key]!r}"
+            for key in ("fingerprint", "rank", "world_size", "batch_size", "drop_remainder", "shuffle")
+            if state.get(key) != mine[key]
+        ]
+        if not self.source.random_access and state.get("num_workers") != self.num_workers:
+            differences.append(
+                f"num_workers: saved {state.get('num_workers')}, this loader {self.num_workers} (a stream format's order depends on it)"
+            )
+        if differences and not allow_other_plan:
+            raise PlanMismatch(
+                f"this state was saved for a different loader of {state.get('plan')!r}: {'; '.join(differences)}. "
+                "Pass allow_other_plan=True to load it anyway."
+            )
+        if differences:
+            log.warning("loading a state saved for a different loader: %s", "; ".join(differences))
+        if not 0 <= int(state["batch"]) <= self.schedule.batches:
+            raise PlanMismatch(
+                f"saved batch {state['batch']} is outside this loader's {self.schedule.batches} batches per epoch"
+            )
+        self.epoch = int(state["epoch"])
+        self.batch = int(state["batch"])
+        self.source.ledger.restore(state["ledger"])
+        self._restored = state.get("backend") or None

@@ -1,0 +1,118 @@
+"""The torch backend: an EpochView served through ``torch.utils.data.DataLoader`` worker processes.
+
+Each worker reads its share of this rank's slice (random access formats:
+every ``num_workers``-th index, so the merged order is the same for any
+worker count; stream formats: one contiguous run of shards each, read front
+to back), and the main process batches in order. The shard list is
+shuffled by seed and epoch and split by rank and worker, as a webdataset
+pipeline does, with the records read by datacat's shared readers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+# This module is the torch backend; nothing else in datacat imports torch.
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from datacat.backends.base import Loader, collate_numpy
+from datacat.epochs import round_robin_consumed
+from datacat.errors import OptionError
+from datacat.pipeline import EpochView
+from datacat.resolve import Plan
+
+__all__ = ["TorchLoader", "open_torch", "worker_indices"]
+
+
+def worker_indices(length: int, start: int, workers: int, worker: int, *, sequential: bool) -> range:
+    """The indices worker ``worker`` of ``workers`` reads, from ``start`` on.
+
+    Interleaved (``sequential=False``): the merged round-robin order is
+    ``start, start+1, ...`` for any worker count. Sequential: each worker a
+    contiguous chunk of ``[0, length)``, resumed where round-robin left it.
+    """
+    if not sequential:
+        return range(start + worker, length, workers)
+    bounds = [length * k // workers for k in range(workers + 1)]
+    lengths = [bounds[k + 1] - bounds[k] for k in range(workers)]
+    done = round_robin_consumed(lengths, start)
+    return range(bounds[worker] + done[worker], bounds[worker + 1])
+
+
+class _ViewStream(IterableDataset):  # type: ignore[type-arg]
+    """The outputs of one EpochView for this DataLoader worker."""
+
+    def __init__(self, view: EpochView, start: int, sequential: bool) -> None:
+        self.view, self.start, self.sequential = view, start, sequential
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for index in worker_indices(len(self.view), self.start, workers, worker, sequential=self.sequential):
+            yield self.view[index]
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class TorchLoader(Loader):
+    """Batches as dicts of torch tensors: ``image`` uint8 [B, H, W, 3] (or float [B, 3, H, W] in [-1, 1])."""
+
+    framework = "torch"
+
+    def __init__(
+        self, plan: Plan, *, image_layout: str = "hwc_uint8", prefetch_factor: int = 4, **options: Any
+    ) -> None:
+        if image_layout not in ("hwc_uint8", "chw_float"):
+            raise OptionError(f"image_layout must be 'hwc_uint8' or 'chw_float', not {image_layout!r}")
+        super().__init__(plan, **options)
+        self.image_layout = image_layout
+        self.prefetch_factor = prefetch_factor
+
+    def _outputs(self, view: EpochView, start: int) -> Iterator[dict[str, Any]]:
+        stream = _ViewStream(view, start, sequential=not self.source.random_access)
+        if self.num_workers == 0:
+            return iter(stream)
+        # Forked workers beside a loaded jax can deadlock; start fresh interpreters then.
+        context = "spawn" if "jax" in sys.modules else None
+        loader = DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=_identity,
+            prefetch_factor=self.prefetch_factor,
+            multiprocessing_context=context,
+        )
+        return iter(loader)
+
+    def _collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = collate_numpy(samples, self.plan.loading.image_size)
+        image = torch.from_numpy(batch["image"])
+        if self.image_layout == "chw_float":
+            image = image.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+        batch["image"] = image
+        for key in ("label", "embedding"):
+            if key in batch:
+                batch[key] = torch.from_numpy(batch[key])
+        return batch
+
+
+def open_torch(plan: Plan, **options: Any) -> TorchLoader:
+    """A TorchLoader for ``plan``; rank and world size default from torch.distributed, then RANK/WORLD_SIZE."""
+    if options.get("rank") is None or options.get("world_size") is None:
+        rank, world = _torch_world()
+        options["rank"] = rank if options.get("rank") is None else options["rank"]
+        options["world_size"] = world if options.get("world_size") is None else options["world_size"]
+    return TorchLoader(plan, **options)
+
+
+def _torch_world() -> tuple[int, int]:
+    import os
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
