@@ -53,7 +53,7 @@ class JaxLoader(Loader):
             devices = jax.local_device_count()
             if self.sharding is None:
                 mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
-                self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+                self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))  # type: ignore[no-untyped-call]
             if any(size % devices for size in self.schedule.batch_sizes):
                 raise OptionError(
                     f"{plan.name}: jax arrays split over {devices} local device(s) need every batch size divisible by it; "
@@ -85,11 +85,11 @@ class JaxLoader(Loader):
         return {"grain": self._iterator.get_state()}
 
     def _collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = super()._collate(samples)
+        batch: dict[str, Any] = super()._collate(samples)
         if self.device_put:
             for key in ("image", "label", "embedding"):
                 if key in batch:
-                    batch[key] = jax.make_array_from_process_local_data(self.sharding, batch[key])
+                    batch[key] = jax.make_array_from_process_local_data(self.sharding, batch[key])  # type: ignore[no-untyped-call]
         return batch
 
 
