@@ -10,7 +10,8 @@ pipeline does, with the records read by datacat's shared readers.
 
 from __future__ import annotations
 
-import sys
+import multiprocessing
+import multiprocessing.context
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,15 @@ def _identity(item: Any) -> Any:
     return item
 
 
+def _worker_context() -> multiprocessing.context.BaseContext:
+    # Workers fork from a forkserver, a clean process started once: forking this process
+    # instead segfaults once array_record's C++ readers have run here, and deadlocks
+    # beside a loaded jax. The server preloads torch so each worker starts in milliseconds.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "datacat.backends.torch"])
+    return context
+
+
 class TorchLoader(Loader):
     """Batches as dicts of torch tensors: ``image`` uint8 [B, H, W, 3] (or float [B, 3, H, W] in [-1, 1])."""
 
@@ -77,15 +87,13 @@ class TorchLoader(Loader):
         stream = _ViewStream(view, start, sequential=not self.source.random_access)
         if self.num_workers == 0:
             return iter(stream)
-        # Forked workers beside a loaded jax can deadlock; start fresh interpreters then.
-        context = "spawn" if "jax" in sys.modules else None
         loader = DataLoader(
             stream,
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor,
-            multiprocessing_context=context,
+            multiprocessing_context=_worker_context(),
         )
         return iter(loader)
 

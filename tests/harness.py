@@ -1,0 +1,51 @@
+"""One simulated rank, run as its own process: ``python harness.py '<json job>'`` prints a JSON result.
+
+A job names the framework and a list of loads; for each load the rank
+reports the keys of every batch, an md5 of each sample's pixels, and its
+state after ``stop_after`` batches if asked. Ranks are separate processes
+(as under torchrun), each with its own worker processes, so exactly-once and
+equal batch counts are checked the way they happen in training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+import datacat
+
+
+def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
+    options = dict(load)
+    name = options.pop("name")
+    state = options.pop("state", None)
+    stop_after = options.pop("stop_after", None)
+    loader = datacat.open(name, framework=framework, **options)
+    if state is not None:
+        loader.load_state_dict(state)
+    batches, pixels = [], {}
+    iterator = iter(loader)
+    for i, batch in enumerate(iterator):
+        batches.append(list(batch["key"]))
+        images = np.asarray(batch["image"])
+        for key, image in zip(batch["key"], images, strict=True):
+            pixels[f"{loader.epoch}:{key}"] = hashlib.md5(np.ascontiguousarray(image).tobytes()).hexdigest()
+        if stop_after is not None and i + 1 == stop_after:
+            break
+    saved = loader.state_dict() if stop_after is not None else None
+    iterator.close()
+    return {"batches": batches, "pixels": pixels, "state": saved, "per_epoch": len(loader)}
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    results = [run_load(job["framework"], load) for load in job["loads"]]
+    print("RESULT " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Both backends over the sample data: exactly once across ranks and workers, determinism, resume.
+
+jax is only ever imported in subprocesses (tests/harness.py): forked torch
+workers beside a loaded jax risk deadlock, so the two never share a process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import datacat
+
+HARNESS = Path(__file__).parent / "harness.py"
+FORMATS = ("sample", "sample-arrayrecord")
+ALL_KEYS = 55
+
+
+def run_ranks(
+    framework: str, loads_for_rank: list[list[dict[str, Any]]], timeout: int = 400
+) -> list[list[dict[str, Any]]]:
+    """Starts one process per rank, all at once; returns each rank's results."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HARNESS), json.dumps({"framework": framework, "loads": loads})],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for loads in loads_for_rank
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-3000:]
+        line = next(line for line in out.splitlines() if line.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT ") :]))
+    return results
+
+
+# (ranks, workers) layouts up to 4 x 2; the sample has 3 shards, fewer than 4 x 2.
+LAYOUTS = {"torch": [(1, 0), (2, 1), (3, 2), (4, 2)], "jax": [(1, 0), (3, 1), (4, 2)]}
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_exactly_once_and_equal_batches_across_ranks_and_workers(framework: str) -> None:
+    layouts = LAYOUTS[framework]
+    max_ranks = max(r for r, _ in layouts)
+    loads_for_rank: list[list[dict[str, Any]]] = [[] for _ in range(max_ranks)]
+    index = []
+    for name in FORMATS:
+        for ranks, workers in layouts:
+            for rank in range(ranks):
+                loads_for_rank[rank].append(
+                    {
+                        "name": name,
+                        "batch_size": 4,
+                        "rank": rank,
+                        "world_size": ranks,
+                        "num_workers": workers,
+                        "seed": 3,
+                    }
+                )
+            index.append((name, ranks, workers))
+    results = run_ranks(framework, loads_for_rank)
+    cursor = [0] * max_ranks
+    for name, ranks, workers in index:
+        per_rank = []
+        for rank in range(ranks):
+            per_rank.append(results[rank][cursor[rank]])
+            cursor[rank] += 1
+        keys = [k for r in per_rank for batch in r["batches"] for k in batch]
+        counts = {len(r["batches"]) for r in per_rank}
+        assert len(keys) == ALL_KEYS and len(set(keys)) == ALL_KEYS, (name, ranks, workers, sorted(keys))
+        assert len(counts) == 1, f"{name} {ranks}x{workers}: ranks got {counts} batches"
+        assert all(len(batch) > 0 for r in per_rank for batch in r["batches"])
+
+
+def _torch_run(name: str, **options: Any) -> tuple[list[str], dict[str, str]]:
+    result = run_load_here("torch", {"name": name, "batch_size": 8, **options})
+    return [k for batch in result["batches"] for k in batch], result["pixels"]
+
+
+def run_load_here(framework: str, load: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, str(HARNESS.parent))
+    from harness import run_load
+
+    return run_load(framework, load)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_torch_and_jax_agree_on_keys_and_pixels(name: str) -> None:
+    load = {"name": name, "batch_size": 8, "epochs": 2, "seed": 5, "num_workers": 0}
+    (jax_result,) = run_ranks("jax", [[load]])[0]
+    torch_result = run_load_here("torch", load)
+    # The same Plan and seed: the same records each epoch, and the same pixels for the same record.
+    for epoch in (0, 1):
+        jax_keys = {k.split(":")[1] for k in jax_result["pixels"] if k.startswith(f"{epoch}:")}
+        torch_keys = {k.split(":")[1] for k in torch_result["pixels"] if k.startswith(f"{epoch}:")}
+        assert jax_keys == torch_keys and len(jax_keys) == ALL_KEYS
+    assert jax_result["pixels"] == torch_result["pixels"]
+    assert jax_result["batches"] == torch_result["batches"]  # one schedule: the same order too
+
+
+def test_determinism_reshuffle_and_worker_count() -> None:
+    keys, pixels = _torch_run("sample-arrayrecord", seed=1, epochs=2)
+    again, pixels_again = _torch_run("sample-arrayrecord", seed=1, epochs=2)
+    assert keys == again and pixels == pixels_again
+    two_workers, pixels_two = _torch_run("sample-arrayrecord", seed=1, epochs=2, num_workers=2)
+    assert two_workers == keys and pixels_two == pixels  # random access: any worker count
+    first, second = keys[:ALL_KEYS], keys[ALL_KEYS:]
+    assert sorted(first) == sorted(second) and first != second  # each epoch all records, reshuffled
+    other, _ = _torch_run("sample-arrayrecord", seed=2)
+    assert other != first
+    unshuffled, _ = _torch_run("sample-arrayrecord", shuffle=False)
+    assert unshuffled == sorted(unshuffled)
+    stream, stream_pixels = _torch_run("sample", seed=1, num_workers=2)
+    assert _torch_run("sample", seed=1, num_workers=2) == (stream, stream_pixels)
+
+
+def _resume_case(framework: str, name: str, workers: int, ks: list[int]) -> None:
+    base = {"name": name, "batch_size": 8, "epochs": 2, "seed": 9, "num_workers": workers}
+    loads = [dict(base)] + [{**base, "stop_after": k} for k in ks]
+    (full, *stopped) = run_ranks(framework, [loads])[0]
+    resumed = run_ranks(framework, [[{**base, "state": s["state"]} for s in stopped]])[0]
+    per_epoch = full["per_epoch"]
+    for k, first, rest in zip(ks, stopped, resumed, strict=True):
+        assert first["batches"] + rest["batches"] == full["batches"], (
+            f"{framework} {name} k={k} (epoch length {per_epoch})"
+        )
+        assert {**first["pixels"], **rest["pixels"]} == full["pixels"]
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_resume_in_a_new_process_continues_exactly(framework: str) -> None:
+    # 7 batches an epoch: k = 7 is the epoch boundary, 9 is inside the second epoch.
+    _resume_case(framework, "sample-arrayrecord", 2, [1, 3, 7, 9])
+    _resume_case(framework, "sample", 2, [2, 7, 10])
+
+
+def test_state_from_another_plan_is_refused() -> None:
+    loader = datacat.open("sample-arrayrecord", framework="torch", batch_size=8, seed=1)
+    iterator = iter(loader)
+    next(iterator)
+    state = json.loads(json.dumps(loader.state_dict()))
+    other = datacat.open("sample-arrayrecord", framework="torch", batch_size=8, seed=2)
+    with pytest.raises(datacat.errors.PlanMismatch, match="fingerprint"):
+        other.load_state_dict(state)
+    other.load_state_dict(state, allow_other_plan=True)
+    assert other.batch == 1
+    wider = datacat.open("sample-arrayrecord", framework="torch", batch_size=8, seed=1, world_size=2, rank=0)
+    with pytest.raises(datacat.errors.PlanMismatch, match="world_size"):
+        wider.load_state_dict(state)
+
+
+def test_holdout_never_in_training_and_drop_remainder() -> None:
+    train, _ = _torch_run("sample-arrayrecord", val_batches=2)
+    held = run_load_here(
+        "torch", {"name": "sample-arrayrecord", "batch_size": 8, "val_batches": 2, "split": "validation"}
+    )
+    held_keys = [k for b in held["batches"] for k in b]
+    assert len(held_keys) == 16 and not set(held_keys) & set(train) and len(train) == ALL_KEYS - 16
+    dropped = run_load_here("torch", {"name": "sample-arrayrecord", "batch_size": 8, "drop_remainder": True})
+    assert [len(b) for b in dropped["batches"]] == [8] * 6
+
+
+def test_image_layouts_and_bad_samples_in_workers(tmp_path: Path) -> None:
+    import torch
+    from helpers import make_tar, sample_members
+
+    batch = next(iter(datacat.open("sample", framework="torch", batch_size=4, image_layout="chw_float")))
+    assert batch["image"].shape == (4, 3, 64, 64) and batch["image"].dtype == torch.float32
+    assert float(batch["image"].min()) >= -1.0 and float(batch["image"].max()) <= 1.0
+    keys = [f"{i:04d}" for i in range(10)]
+    make_tar(tmp_path / "0.tar", sample_members(keys, bad={"0003", "0007"}))
+    (tmp_path / "c.yaml").write_text(
+        "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, totals: {per_shard: {0.tar: 10}}, loading: {val_batches: 0}}\n"
+    )
+    catalog = datacat.load_catalog([tmp_path / "c.yaml"])
+    loader = datacat.open(
+        "t",
+        framework="torch",
+        batch_size=4,
+        catalog=catalog,
+        image_size=16,
+        num_workers=2,
+        on_bad_sample="skip",
+        bad_sample_budget=0.5,
+    )
+    got = [k for b in loader for k in b["key"]]
+    assert sorted(got) == [k for k in keys if k not in {"0003", "0007"}]
+    assert sorted(b.key for b in loader.ledger.skipped) == ["0003", "0007"]
+    strict = datacat.open("t", framework="torch", batch_size=4, catalog=catalog, image_size=16, num_workers=2)
+    with pytest.raises(datacat.errors.RecordError, match=r"0\.tar, key 000[37]: not a readable image"):
+        list(strict)
+
+
+def test_load_command_with_grid(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from datacat.cli import main
+
+    grid = tmp_path / "grid.png"
+    result = CliRunner().invoke(
+        main, ["load", "sample", "--framework", "torch", "--batch-size", "8", "--workers", "0", "--grid", str(grid)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "image: torch (8, 64, 64, 3) torch.uint8" in result.output and "no bad samples" in result.output
+    assert "images/s" in result.output
+    from PIL import Image
+
+    with Image.open(grid) as sheet:
+        pixels = np.asarray(sheet.convert("RGB"))
+    assert sheet.size[0] >= 8 * 100 and pixels.std() > 20  # photos, not a blank sheet
+
+
+def test_loader_errors_are_clear() -> None:
+    with pytest.raises(datacat.OptionError, match="loading mixtures is not implemented"):
+        datacat.open("combined30m", framework="torch", batch_size=4)
+    with pytest.raises(datacat.OptionError, match="cannot fill one batch of 64 on each of 4"):
+        datacat.open("sample", framework="torch", batch_size=64, world_size=4, rank=0, drop_remainder=True)
+    with pytest.raises(datacat.OptionError, match="unknown framework"):
+        datacat.open("sample", framework="tf", batch_size=4)
