@@ -14,8 +14,8 @@ CONSTRAINTS = ("-c", "constraints/ci.txt")
 def lint(session: nox.Session) -> None:
     """ruff over the package, tests, scripts and this file."""
     session.install("ruff")
-    session.run("ruff", "check", "datacat", "tests", "scripts", "noxfile.py")
-    session.run("ruff", "format", "--check", "--diff", "datacat", "tests", "scripts", "noxfile.py")
+    session.run("ruff", "check", "datacat", "tests", "scripts", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "--diff", "datacat", "tests", "scripts", "benchmarks", "noxfile.py")
 
 
 @nox.session

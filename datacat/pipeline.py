@@ -16,16 +16,18 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
 from datacat.errors import DatacatError, OptionError
 from datacat.formats import RawItem, open_reader
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
-from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker
+from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform
 
-__all__ = ["EpochView", "SampleSource", "selected_range"]
+__all__ = ["BatchView", "EpochView", "SampleSource", "collate_numpy", "selected_range"]
 
 _READ_AHEAD = 256
 
@@ -232,3 +234,51 @@ class EpochView:
             while len(self._ahead) > _READ_AHEAD:
                 self._ahead.pop(next(iter(self._ahead)))
             return item
+
+
+class BatchView:
+    """One rank's batches of one epoch, by batch index: what a worker process computes whole.
+
+    ``view[b]`` reads and transforms the records of batch ``b`` (its slice
+    of the schedule) and returns ``{"batch": ..., "marks": [...]}``: the good
+    samples in order, collated to numpy arrays, and the markers of bad ones
+    or errors, for the main process's ledger. Never raises.
+    """
+
+    def __init__(self, view: EpochView) -> None:
+        self.view = view
+        self.image_size = view.source.plan.loading.image_size
+        sizes = view.schedule.batch_sizes
+        self.starts = cumulative(sizes)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __repr__(self) -> str:
+        return f"BatchView({self.view!r}, batches={len(self)})"
+
+    def __getitem__(self, batch: int) -> dict[str, Any]:
+        samples: list[dict[str, Any]] = []
+        marks: list[dict[str, Any]] = []
+        for index in range(self.starts[batch], self.starts[batch + 1]):
+            output = self.view[index]
+            (marks if is_marker(output) else samples).append(output)
+        return {"batch": collate_numpy(samples, self.image_size), "marks": marks}
+
+
+def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, Any]:
+    """A batch of samples as numpy arrays (image, label, embedding) and lists (caption, key, tokens)."""
+    batch: dict[str, Any] = {
+        "image": np.stack([s["image"] for s in samples])
+        if samples
+        else np.zeros((0, image_size, image_size, 3), np.uint8),
+        "caption": [s["caption"] for s in samples],
+        "key": [s["key"] for s in samples],
+    }
+    if samples and "label" in samples[0]:
+        batch["label"] = np.asarray([s["label"] for s in samples], dtype=np.int64)
+    if samples and "embedding" in samples[0]:
+        batch["embedding"] = np.stack([s["embedding"] for s in samples])
+    if samples and "tokens" in samples[0]:
+        batch["tokens"] = [s["tokens"] for s in samples]
+    return batch

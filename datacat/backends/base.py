@@ -1,9 +1,9 @@
 """What both backends share: the epoch loop, batching by schedule, the ledger, and resumable state.
 
-A backend supplies only ``_outputs(view, start)``: the outputs of an
-``EpochView`` from index ``start`` on, in index order, computed in its own
-worker processes, and ``_collate`` to turn a list of samples into its
-framework's batch.
+A backend supplies only ``_batches(view, first)``: the outputs of a
+``BatchView`` from batch ``first`` on, in batch order, computed in its own
+worker processes (each worker builds whole batches: one message per batch),
+and ``_finish`` to turn a collated numpy batch into its framework's batch.
 """
 
 from __future__ import annotations
@@ -12,37 +12,17 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from datacat.epochs import Schedule, plan_schedule
 from datacat.errors import OptionError, PlanMismatch
-from datacat.pipeline import EpochView, SampleSource
+from datacat.pipeline import BatchView, EpochView, SampleSource
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 
-__all__ = ["Loader", "collate_numpy"]
+__all__ = ["Loader"]
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
-
-
-def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, Any]:
-    """A batch of samples as numpy arrays (image, label, embedding) and lists (caption, key, tokens)."""
-    batch: dict[str, Any] = {
-        "image": np.stack([s["image"] for s in samples])
-        if samples
-        else np.zeros((0, image_size, image_size, 3), np.uint8),
-        "caption": [s["caption"] for s in samples],
-        "key": [s["key"] for s in samples],
-    }
-    if samples and "label" in samples[0]:
-        batch["label"] = np.asarray([s["label"] for s in samples], dtype=np.int64)
-    if samples and "embedding" in samples[0]:
-        batch["embedding"] = np.stack([s["embedding"] for s in samples])
-    if samples and "tokens" in samples[0]:
-        batch["tokens"] = [s["tokens"] for s in samples]
-    return batch
 
 
 class Loader:
@@ -115,17 +95,15 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         while self.epochs is None or self.epoch < self.epochs:
             view = EpochView(self.source, self.schedule, seed=self.plan.seed, epoch=self.epoch, shuffle=self.shuffle)
-            start = self.schedule.consumed(self.batch)
-            outputs = self._outputs(view, start)
+            outputs = self._batches(BatchView(view), self.batch)
             try:
-                for size in self.schedule.batch_sizes[self.batch :]:
-                    samples = []
-                    for _ in range(size):
-                        sample = self.source.ledger.admit(next(outputs))
-                        if sample is not None:
-                            samples.append(sample)
+                for _ in range(self.batch, self.schedule.batches):
+                    output = next(outputs)
+                    for mark in output["marks"]:
+                        self.source.ledger.admit(mark)  # raises, or records a skip
+                    self.source.ledger.seen += len(output["batch"]["key"])
                     self.batch += 1
-                    yield self._collate(samples)
+                    yield self._finish(output["batch"])
             finally:
                 close = getattr(outputs, "close", None)
                 if close is not None:
@@ -134,11 +112,11 @@ class Loader:
             self.batch = 0
             self._restored = None
 
-    def _outputs(self, view: EpochView, start: int) -> Iterator[dict[str, Any]]:
+    def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
 
-    def _collate(self, samples: list[dict[str, Any]]) -> Any:
-        return collate_numpy(samples, self.plan.loading.image_size)
+    def _finish(self, batch: dict[str, Any]) -> Any:
+        return batch
 
     def _backend_state(self) -> dict[str, Any]:
         return {}

@@ -1,12 +1,13 @@
 """The jax backend: an EpochView as a grain ``MapDataset`` source, prefetched in grain worker processes.
 
-The records are ``grain.MapDataset.source(view)`` (the view already holds
-the epoch's global shuffle from the seed and this process's slice), the
-shared transform runs inside ``view[i]`` in the workers, and
-``mp_prefetch`` spreads the indices over processes: interleaved for random
-access formats (the same order for any worker count), consecutive runs for
-tar shards so each worker reads its shards front to back. Resuming uses
-grain's iterator ``get_state``/``set_state``.
+The source is ``grain.MapDataset.source(batches)``, one element per batch
+of this process's slice of the epoch (the view already holds the epoch's
+global shuffle from the seed); the shared transform and collation run
+inside ``batches[b]`` in the workers, and ``mp_prefetch`` spreads the
+batches over processes: interleaved for random access formats (the same
+order for any worker count), consecutive runs for tar shards so each worker
+reads its shards front to back. Resuming uses grain's iterator
+``get_state``/``set_state``.
 
 Batches are dicts of numpy arrays, or with ``device_put=True`` global
 ``jax.Array`` s laid out over the local devices (the VQGAN example's
@@ -25,7 +26,7 @@ import numpy as np
 
 from datacat.backends.base import Loader
 from datacat.errors import OptionError
-from datacat.pipeline import EpochView
+from datacat.pipeline import BatchView
 from datacat.resolve import Plan
 
 __all__ = ["JaxLoader", "open_jax"]
@@ -44,8 +45,11 @@ class JaxLoader(Loader):
 
     framework = "jax"
 
-    def __init__(self, plan: Plan, *, device_put: bool = False, sharding: Any = None, **options: Any) -> None:
+    def __init__(
+        self, plan: Plan, *, device_put: bool = False, sharding: Any = None, read_threads: int = 1, **options: Any
+    ) -> None:
         super().__init__(plan, **options)
+        self.read_threads = read_threads
         self.device_put = device_put or sharding is not None
         self.sharding = sharding
         self._iterator: Any = None
@@ -61,8 +65,10 @@ class JaxLoader(Loader):
                     "and a batch_size divisible by the device count"
                 )
 
-    def _outputs(self, view: EpochView, start: int) -> Iterator[dict[str, Any]]:
-        dataset = grain.MapDataset.source(view).to_iter_dataset()
+    def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
+        # One reader thread per process: a batch is already a unit of work, and more
+        # threads would only contend for the two cores with the worker processes.
+        dataset = grain.MapDataset.source(batches).to_iter_dataset(grain.ReadOptions(num_threads=self.read_threads))
         if self.num_workers > 0:
             _mark_flags_parsed()
             dataset = dataset.mp_prefetch(
@@ -71,10 +77,10 @@ class JaxLoader(Loader):
             )
         iterator = iter(dataset)
         saved = (self._restored or {}).get("grain")
-        if start and saved is not None:
+        if first and saved is not None:
             iterator.set_state(saved)
-        elif start:
-            for _ in range(start):  # no grain state to restore (another worker count): read past
+        elif first:
+            for _ in range(first):  # no grain state to restore (another worker count): read past
                 next(iterator)
         self._iterator = iterator
         return iterator  # type: ignore[no-any-return]
@@ -84,8 +90,7 @@ class JaxLoader(Loader):
             return {}
         return {"grain": self._iterator.get_state()}
 
-    def _collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch: dict[str, Any] = super()._collate(samples)
+    def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.device_put:
             for key in ("image", "label", "embedding"):
                 if key in batch:

@@ -1,9 +1,10 @@
 """The torch backend: an EpochView served through ``torch.utils.data.DataLoader`` worker processes.
 
-Each worker reads its share of this rank's slice (random access formats:
-every ``num_workers``-th index, so the merged order is the same for any
-worker count; stream formats: one contiguous run of shards each, read front
-to back), and the main process batches in order. The shard list is
+Each worker builds whole batches of this rank's slice (random access
+formats: every ``num_workers``-th batch, so the merged order is the same for
+any worker count; stream formats: one contiguous run of batches each, read
+front to back), sends each as tensors through shared memory, and the main
+process takes them in order. The shard list is
 shuffled by seed and epoch and split by rank and worker, as a webdataset
 pipeline does, with the records read by datacat's shared readers.
 """
@@ -19,41 +20,51 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from datacat.backends.base import Loader, collate_numpy
+from datacat.backends.base import Loader
 from datacat.epochs import round_robin_consumed
 from datacat.errors import OptionError
-from datacat.pipeline import EpochView
+from datacat.pipeline import BatchView
 from datacat.resolve import Plan
 
 __all__ = ["TorchLoader", "open_torch", "worker_indices"]
 
 
 def worker_indices(length: int, start: int, workers: int, worker: int, *, sequential: bool) -> range:
-    """The indices worker ``worker`` of ``workers`` reads, from ``start`` on.
+    """The batch indices DataLoader worker ``worker`` of ``workers`` builds, from ``start`` on.
 
     Interleaved (``sequential=False``): the merged round-robin order is
     ``start, start+1, ...`` for any worker count. Sequential: each worker a
-    contiguous chunk of ``[0, length)``, resumed where round-robin left it.
+    contiguous run of ``[0, length)``, resumed where round-robin left it, the
+    worker whose turn it was going first (DataLoader always asks worker 0
+    first).
     """
     if not sequential:
         return range(start + worker, length, workers)
     bounds = [length * k // workers for k in range(workers + 1)]
     lengths = [bounds[k + 1] - bounds[k] for k in range(workers)]
     done = round_robin_consumed(lengths, start)
-    return range(bounds[worker] + done[worker], bounds[worker + 1])
+    after = round_robin_consumed(lengths, min(start + 1, length))
+    turn = next((k for k in range(workers) if after[k] > done[k]), 0)
+    run = (turn + worker) % workers
+    return range(bounds[run] + done[run], bounds[run + 1])
 
 
-class _ViewStream(IterableDataset):  # type: ignore[type-arg]
-    """The outputs of one EpochView for this DataLoader worker."""
+class _BatchStream(IterableDataset):  # type: ignore[type-arg]
+    """The batches of one BatchView that this DataLoader worker builds."""
 
-    def __init__(self, view: EpochView, start: int, sequential: bool) -> None:
-        self.view, self.start, self.sequential = view, start, sequential
+    def __init__(self, batches: BatchView, start: int, sequential: bool) -> None:
+        self.batches, self.start, self.sequential = batches, start, sequential
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for index in worker_indices(len(self.view), self.start, workers, worker, sequential=self.sequential):
-            yield self.view[index]
+        for index in worker_indices(len(self.batches), self.start, workers, worker, sequential=self.sequential):
+            output = self.batches[index]
+            batch = output["batch"]
+            for key in ("image", "label", "embedding"):
+                if key in batch:
+                    batch[key] = torch.from_numpy(batch[key])  # tensors cross to the main process in shared memory
+            yield output
 
 
 def _identity(item: Any) -> Any:
@@ -83,8 +94,8 @@ class TorchLoader(Loader):
         self.image_layout = image_layout
         self.prefetch_factor = prefetch_factor
 
-    def _outputs(self, view: EpochView, start: int) -> Iterator[dict[str, Any]]:
-        stream = _ViewStream(view, start, sequential=not self.source.random_access)
+    def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
+        stream = _BatchStream(batches, first, sequential=not self.source.random_access)
         if self.num_workers == 0:
             return iter(stream)
         loader = DataLoader(
@@ -97,15 +108,9 @@ class TorchLoader(Loader):
         )
         return iter(loader)
 
-    def _collate(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = collate_numpy(samples, self.plan.loading.image_size)
-        image = torch.from_numpy(batch["image"])
+    def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.image_layout == "chw_float":
-            image = image.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
-        batch["image"] = image
-        for key in ("label", "embedding"):
-            if key in batch:
-                batch[key] = torch.from_numpy(batch[key])
+            batch["image"] = batch["image"].permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
         return batch
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from datacat.errors import BadSampleBudgetExceeded, DatacatError, OptionError, RecordError, ShardError
 from datacat.schema import BadSamplePolicy
 
-__all__ = ["BadSample", "Ledger", "bad_marker", "error_marker"]
+__all__ = ["BadSample", "Ledger", "bad_marker", "error_marker", "is_marker"]
 
 log = logging.getLogger(__name__)
 _BAD, _ERROR = "__bad__", "__error__"
@@ -52,6 +52,11 @@ def error_marker(exc: BaseException) -> dict[str, Any]:
     """What a worker yields in place of raising, so the main process raises it cleanly."""
     kind = next((name for name, cls in _ERRORS.items() if isinstance(exc, cls)), "DatacatError")
     return {_ERROR: (kind, str(exc))}
+
+
+def is_marker(output: dict[str, Any]) -> bool:
+    """Whether a worker's output is a marker rather than a sample."""
+    return _BAD in output or _ERROR in output
 
 
 @dataclasses.dataclass

@@ -1,0 +1,84 @@
+"""The schedule arithmetic both backends share, checked exhaustively on small numbers."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from datacat.epochs import Feistel, plan_schedule, round_robin_consumed, shard_order
+from datacat.errors import OptionError
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 55, 64, 1000, 4097])
+def test_feistel_is_a_permutation_and_depends_on_key(n: int) -> None:
+    perm = [Feistel(n, 1)[i] for i in range(n)]
+    assert sorted(perm) == list(range(n))
+    if n > 10:
+        assert perm != [Feistel(n, 2)[i] for i in range(n)] and perm != list(range(n))
+
+
+def test_schedule_is_exactly_once_with_equal_batch_counts() -> None:
+    for records, world, batch in itertools.product(range(1, 60), range(1, 6), (1, 3, 4, 8)):
+        for drop in (False, True):
+            try:
+                schedules = [plan_schedule(records, rank=r, world_size=world, batch_size=batch, drop_remainder=drop) for r in range(world)]
+            except OptionError:
+                assert records < world * (batch if drop else 1) or (not drop and records // world < -(-records // (world * batch)))
+                continue
+            covered = [i for s in schedules for i in range(s.start, s.stop)]
+            assert covered == sorted(set(covered))  # contiguous, no overlap
+            assert len({s.batches for s in schedules}) == 1
+            assert all(0 < size <= batch for s in schedules for size in s.batch_sizes)
+            assert all(sum(s.batch_sizes) == s.stop - s.start for s in schedules)
+            if drop:
+                assert all(size == batch for s in schedules for size in s.batch_sizes)
+                assert records - len(covered) < world * batch  # only a tail that fills no batch everywhere
+            else:
+                assert len(covered) == records
+
+
+def test_schedule_refusals_name_the_numbers() -> None:
+    with pytest.raises(OptionError, match="3 records cannot fill one batch of 2 on each of 2"):
+        plan_schedule(3, rank=0, world_size=2, batch_size=2, drop_remainder=True)
+    with pytest.raises(OptionError, match="3 records cannot give each of 4 rank"):
+        plan_schedule(3, rank=0, world_size=4, batch_size=2, drop_remainder=False)
+
+
+def test_round_robin_consumed_matches_simulation() -> None:
+    for lengths in itertools.product(range(5), repeat=3):
+        for taken in range(sum(lengths) + 1):
+            got, n = [0, 0, 0], 0
+            while n < taken:
+                for k in range(3):
+                    if n < taken and got[k] < lengths[k]:
+                        got[k] += 1
+                        n += 1
+            assert round_robin_consumed(list(lengths), taken) == got
+
+
+def test_torch_worker_runs_resume_in_the_uninterrupted_order() -> None:
+    from datacat.backends.torch import worker_indices
+
+    def merged(length: int, start: int, workers: int, sequential: bool) -> list[int]:
+        queues = [list(worker_indices(length, start, workers, k, sequential=sequential)) for k in range(workers)]
+        out = []
+        while any(queues):
+            for queue in queues:
+                if queue:
+                    out.append(queue.pop(0))
+        return out
+
+    for length, workers, sequential in itertools.product(range(12), (1, 2, 3, 4), (True, False)):
+        full = merged(length, 0, workers, sequential)
+        assert sorted(full) == list(range(length))
+        if not sequential:
+            assert full == list(range(length))  # the same order for any worker count
+        for start in range(length + 1):
+            assert merged(length, start, workers, sequential) == full[start:]
+
+
+def test_shard_order_reshuffles_by_epoch() -> None:
+    orders = [shard_order(20, seed=0, epoch=e, shuffle=True) for e in range(3)]
+    assert all(sorted(o) == list(range(20)) for o in orders) and orders[0] != orders[1]
+    assert shard_order(5, seed=0, epoch=0, shuffle=False) == [0, 1, 2, 3, 4]
