@@ -22,9 +22,14 @@ def test_schedule_is_exactly_once_with_equal_batch_counts() -> None:
     for records, world, batch in itertools.product(range(1, 60), range(1, 6), (1, 3, 4, 8)):
         for drop in (False, True):
             try:
-                schedules = [plan_schedule(records, rank=r, world_size=world, batch_size=batch, drop_remainder=drop) for r in range(world)]
+                schedules = [
+                    plan_schedule(records, rank=r, world_size=world, batch_size=batch, drop_remainder=drop)
+                    for r in range(world)
+                ]
             except OptionError:
-                assert records < world * (batch if drop else 1) or (not drop and records // world < -(-records // (world * batch)))
+                assert records < world * (batch if drop else 1) or (
+                    not drop and records // world < -(-records // (world * batch))
+                )
                 continue
             covered = [i for s in schedules for i in range(s.start, s.stop)]
             assert covered == sorted(set(covered))  # contiguous, no overlap
