@@ -58,7 +58,7 @@ class SampleSource:
         bad_sample_budget: float | None = None,
     ) -> None:
         if plan.format == "mixture":
-            raise OptionError(f"{plan.name} is a mixture; loading mixtures is not implemented yet, load a component")
+            raise OptionError(f"{plan.name} is a mixture: read it with datacat.mixing.MixtureSource")
         if plan.glob is not None:
             raise OptionError(f"{plan.name}: its shards were not listed; resolve it with list_shards=True")
         self.plan = plan
@@ -185,6 +185,10 @@ class EpochView:
     def __len__(self) -> int:
         return self.schedule.stop - self.schedule.start
 
+    @property
+    def image_size(self) -> int:
+        return self.source.plan.loading.image_size
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None, "_ahead": {}, "_lock": None}
 
@@ -245,9 +249,9 @@ class BatchView:
     or errors, for the main process's ledger. Never raises.
     """
 
-    def __init__(self, view: EpochView) -> None:
-        self.view = view
-        self.image_size = view.source.plan.loading.image_size
+    def __init__(self, view: EpochView | Any) -> None:
+        self.view = view  # an EpochView, or a mixing.MixtureView: the same contract
+        self.image_size = view.image_size
         sizes = view.schedule.batch_sizes
         self.starts = cumulative(sizes)
 
@@ -281,4 +285,6 @@ def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, A
         batch["embedding"] = np.stack([s["embedding"] for s in samples])
     if samples and "tokens" in samples[0]:
         batch["tokens"] = [s["tokens"] for s in samples]
+    if samples and "component" in samples[0]:
+        batch["component"] = [s["component"] for s in samples]
     return batch

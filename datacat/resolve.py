@@ -245,6 +245,8 @@ def _resolve_mixture(
     if name in trail:
         raise OptionError(f"mixture cycle: {' -> '.join([*trail, name])}")
     parts = []
+    # What the mixture's own entry says of loading applies to every component, then the caller's options.
+    inherited = {**{k: getattr(entry.loading, k) for k in entry.loading.model_fields_set}, **options}
     for component in entry.mixture.components:
         plan = _resolve(
             catalog,
@@ -255,7 +257,7 @@ def _resolve_mixture(
             batch_size,
             list_shards,
             env,
-            options,
+            inherited,
             (*trail, name),
         )
         weight = component.weight if component.weight is not None else float(plan.samples or 0)

@@ -224,8 +224,6 @@ def test_load_command_with_grid(tmp_path: Path) -> None:
 
 
 def test_loader_errors_are_clear() -> None:
-    with pytest.raises(datacat.OptionError, match="loading mixtures is not implemented"):
-        datacat.open("combined30m", framework="torch", batch_size=4)
     with pytest.raises(datacat.OptionError, match="cannot fill one batch of 64 on each of 4"):
         datacat.open("sample", framework="torch", batch_size=64, world_size=4, rank=0, drop_remainder=True)
     with pytest.raises(datacat.OptionError, match="unknown framework"):

@@ -70,23 +70,7 @@ def open_loader(
         plan = plan.model_copy(update={"batch_size": batch_size, "loading": merged})
     else:
         plan = resolve(
-            name_or_plan,
-            split=split,
-            root=root,
-            seed=seed,
-            batch_size=batch_size,
-            catalog=catalog,
-            list_shards=False,
-            **loading,
-        )
-    if plan.format == "mixture":
-        raise OptionError(
-            f"{plan.name} is a mixture of {', '.join(c.plan.name for c in plan.components)}; loading mixtures is not "
-            "implemented yet: load a component, or list their shards in one entry"
-        )
-    if plan.glob is not None:
-        plan = resolve(
-            plan.name, split=split, root=root, seed=plan.seed, batch_size=batch_size, catalog=catalog, **loading
+            name_or_plan, split=split, root=root, seed=seed, batch_size=batch_size, catalog=catalog, **loading
         )
     opener = load_implementation(BACKENDS[framework])
     return opener(plan, batch_size=batch_size, **options)

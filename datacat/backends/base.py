@@ -14,6 +14,7 @@ from typing import Any
 
 from datacat.epochs import Schedule, plan_schedule
 from datacat.errors import OptionError, PlanMismatch
+from datacat.mixing import MixtureSource, MixtureView
 from datacat.pipeline import BatchView, EpochView, SampleSource
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
@@ -61,18 +62,17 @@ class Loader:
         self.shuffle = shuffle
         self.num_workers = num_workers
         self.rank, self.world_size = rank, world_size
-        self.source = SampleSource(
-            plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
-        )
-        self.schedule: Schedule = plan_schedule(
-            len(self.source),
-            rank=rank,
-            world_size=world_size,
-            batch_size=batch_size,
-            drop_remainder=drop_remainder,
-            name=plan.name,
-        )
+        self.source: SampleSource | MixtureSource
+        if plan.format == "mixture":
+            self.source = MixtureSource(
+                plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
+            )
+        else:
+            self.source = SampleSource(
+                plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
+            )
         self.drop_remainder = drop_remainder
+        self.schedule: Schedule = self._schedule(0)
         self.epoch = 0
         self.batch = 0  # batches delivered in the current epoch
         self._restored: dict[str, Any] | None = None
@@ -92,10 +92,30 @@ class Loader:
         """The bad-sample ledger of this loader (counts, skipped samples, summary())."""
         return self.source.ledger
 
+    def _schedule(self, epoch: int) -> Schedule:
+        records = (
+            self.source.epoch_length(self.plan.seed, epoch)
+            if isinstance(self.source, MixtureSource)
+            else len(self.source)
+        )
+        return plan_schedule(
+            records,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            drop_remainder=self.drop_remainder,
+            name=self.plan.name,
+        )
+
+    def _view(self, epoch: int) -> EpochView | MixtureView:
+        if isinstance(self.source, MixtureSource):
+            return MixtureView(self.source, self.schedule, seed=self.plan.seed, epoch=epoch, shuffle=self.shuffle)
+        return EpochView(self.source, self.schedule, seed=self.plan.seed, epoch=epoch, shuffle=self.shuffle)
+
     def __iter__(self) -> Iterator[Any]:
         while self.epochs is None or self.epoch < self.epochs:
-            view = EpochView(self.source, self.schedule, seed=self.plan.seed, epoch=self.epoch, shuffle=self.shuffle)
-            outputs = self._batches(BatchView(view), self.batch)
+            self.schedule = self._schedule(self.epoch)
+            outputs = self._batches(BatchView(self._view(self.epoch)), self.batch)
             try:
                 for _ in range(self.batch, self.schedule.batches):
                     output = next(outputs)
@@ -167,10 +187,12 @@ class Loader:
             )
         if differences:
             log.warning("loading a state saved for a different loader: %s", "; ".join(differences))
-        if not 0 <= int(state["batch"]) <= self.schedule.batches:
+        schedule = self._schedule(int(state["epoch"]))
+        if not 0 <= int(state["batch"]) <= schedule.batches:
             raise PlanMismatch(
-                f"saved batch {state['batch']} is outside this loader's {self.schedule.batches} batches per epoch"
+                f"saved batch {state['batch']} is outside this loader's {schedule.batches} batches in that epoch"
             )
+        self.schedule = schedule
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
         self.source.ledger.restore(state["ledger"])

@@ -91,6 +91,12 @@ class JaxLoader(Loader):
         return {"grain": self._iterator.get_state()}
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
+        for key, value in batch.items():
+            # grain hands arrays over in shared memory; give the user plain arrays and free the segments.
+            if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+                batch[key] = np.array(value)
+                if hasattr(value, "unlink_on_del"):
+                    value.unlink_on_del()
         if self.device_put:
             for key in ("image", "label", "embedding"):
                 if key in batch:
