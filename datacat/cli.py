@@ -21,7 +21,7 @@ from datacat.catalog import Catalog, load_catalog
 from datacat.describe import describe as describe_entry
 from datacat.errors import CatalogError, DatacatError
 from datacat.resolve import resolve
-from datacat.schema import Entry
+from datacat.schema import BadSamplePolicy, Entry
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Piped output gets a wide table rather than rich's 80-column default.
@@ -260,7 +260,7 @@ def load(
     seed: int,
     split: str,
     root: str | None,
-    on_bad_sample: str | None,
+    on_bad_sample: BadSamplePolicy | None,
     grid: str | None,
 ) -> None:
     """Load batches of NAME and report shapes, images per second and bad samples."""

@@ -100,12 +100,7 @@ class MixtureSource:
             )
         self.weights = tuple(c.weight for c in plan.components)
         self.exhaustion = plan.exhaustion or "stop_on_all"
-        self.ledger = Ledger(
-            plan.name,
-            policy=on_bad_sample or plan.loading.on_bad_sample,
-            budget=plan.loading.bad_sample_budget if bad_sample_budget is None else bad_sample_budget,
-            expected=plan.samples,
-        )
+        self.ledger = Ledger.for_plan(plan, policy=on_bad_sample, budget=bad_sample_budget)
         self.sizes = tuple(len(c) for c in self.components)
 
     def __repr__(self) -> str:

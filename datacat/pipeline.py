@@ -64,12 +64,7 @@ class SampleSource:
         self.plan = plan
         self.reader = open_reader(plan)
         self.transform = ImageTransform(plan, tokenize=tokenize)
-        self.ledger = Ledger(
-            plan.name,
-            policy=on_bad_sample or plan.loading.on_bad_sample,
-            budget=plan.loading.bad_sample_budget if bad_sample_budget is None else bad_sample_budget,
-            expected=plan.samples,
-        )
+        self.ledger = Ledger.for_plan(plan, policy=on_bad_sample, budget=bad_sample_budget)
 
     def __repr__(self) -> str:
         return f"SampleSource({self.reader!r}, {self.transform!r}, policy={self.ledger.policy!r})"

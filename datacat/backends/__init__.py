@@ -8,17 +8,18 @@ imports neither framework itself.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datacat.catalog import Catalog
 from datacat.errors import BackendUnavailable, OptionError
 from datacat.registry import BACKENDS, load_implementation
 from datacat.resolve import Plan, resolve
-from datacat.schema import Loading
+from datacat.schema import Augmentation, BadSamplePolicy, Loading, ResizeMode
+
+if TYPE_CHECKING:  # the transforms need numpy, which the core install does not have
+    from datacat.transforms.captions import Tokenize
 
 __all__ = ["choose_framework", "open_loader"]
-
-_LOADING_OPTIONS = ("image_size", "augmentation", "resize", "val_batches", "val_split", "count", "captions")
 
 
 def _installed(*modules: str) -> bool:
@@ -52,25 +53,79 @@ def open_loader(
     batch_size: int,
     split: str = "train",
     seed: int = 0,
+    epochs: int | None = 1,
+    shuffle: bool = True,
+    num_workers: int = 0,
+    drop_remainder: bool = False,
+    rank: int | None = None,
+    world_size: int | None = None,
+    on_bad_sample: BadSamplePolicy | None = None,
+    bad_sample_budget: float | None = None,
+    tokenize: Tokenize | None = None,
     root: str | None = None,
     catalog: Catalog | None = None,
-    **options: Any,
+    image_size: int | None = None,
+    augmentation: Augmentation | None = None,
+    resize: ResizeMode | None = None,
+    val_batches: int | None = None,
+    count: int | None = None,
+    **backend_options: Any,
 ) -> Any:
-    """A loader of batches for a catalog entry or a Plan, in ``framework``."""
+    """A loader of batches of a catalog entry (or a Plan) in torch or jax; iterate it for batches.
+
+    Args:
+        name_or_plan: An entry name or alias (any case), or a Plan from :func:`datacat.resolve`.
+        framework: ``"torch"``, ``"jax"`` or ``"auto"`` (see :func:`choose_framework`).
+        batch_size: Records per batch on this rank.
+        split: ``"train"``, ``"validation"`` (a named split, or the holdout), or another split of the entry.
+        seed: Decides every shuffle and augmentation.
+        epochs: Passes over the data; None for endless.
+        num_workers: Worker processes decoding in parallel (0: in this process).
+        drop_remainder: Only full batches; the tail that fills no batch on every rank is dropped.
+        rank, world_size: This process's place; default from torch.distributed / RANK and WORLD_SIZE (torch)
+            or jax's process index and count (jax).
+        on_bad_sample, bad_sample_budget: Override the entry's bad-sample policy.
+        tokenize: Called on each caption in the workers; its result is the batch's ``tokens``.
+        image_size, augmentation, resize, val_batches, count: Override the entry's ``loading``.
+        backend_options: ``image_layout="chw_float"`` (torch), ``device_put=True``, ``sharding=`` (jax).
+
+    Example:
+        >>> loader = datacat.open("sample", framework="torch", batch_size=16, num_workers=2)
+        >>> batch = next(iter(loader))
+        >>> batch["image"].shape
+        torch.Size([16, 64, 64, 3])
+    """
     if framework == "auto":
         framework = choose_framework()
     if framework not in BACKENDS:
         raise OptionError(f"unknown framework {framework!r}; use one of {', '.join([*BACKENDS, 'auto'])}")
-    loading = {k: options.pop(k) for k in list(options) if k in _LOADING_OPTIONS and options[k] is not None}
-    for key in _LOADING_OPTIONS:
-        options.pop(key, None)
+    given: dict[str, Any] = {
+        "image_size": image_size,
+        "augmentation": augmentation,
+        "resize": resize,
+        "val_batches": val_batches,
+        "count": count,
+    }
+    loading = {k: v for k, v in given.items() if v is not None}
     if isinstance(name_or_plan, Plan):
-        plan = name_or_plan
-        merged = Loading.model_validate({**plan.loading.model_dump(), **loading})
-        plan = plan.model_copy(update={"batch_size": batch_size, "loading": merged})
+        merged = Loading.model_validate({**name_or_plan.loading.model_dump(), **loading})
+        plan = name_or_plan.model_copy(update={"batch_size": batch_size, "loading": merged})
     else:
         plan = resolve(
             name_or_plan, split=split, root=root, seed=seed, batch_size=batch_size, catalog=catalog, **loading
         )
     opener = load_implementation(BACKENDS[framework])
-    return opener(plan, batch_size=batch_size, **options)
+    return opener(
+        plan,
+        batch_size=batch_size,
+        epochs=epochs,
+        shuffle=shuffle,
+        num_workers=num_workers,
+        drop_remainder=drop_remainder,
+        rank=rank,
+        world_size=world_size,
+        on_bad_sample=on_bad_sample,
+        bad_sample_budget=bad_sample_budget,
+        tokenize=tokenize,
+        **backend_options,
+    )

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from datacat.errors import BadSampleBudgetExceeded, DatacatError, OptionError, RecordError, ShardError
+from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 
 __all__ = ["BadSample", "Ledger", "bad_marker", "error_marker", "is_marker"]
@@ -75,6 +76,16 @@ class Ledger:
     min_allowed: int = 1
     seen: int = 0
     skipped: list[BadSample] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def for_plan(cls, plan: Plan, *, policy: BadSamplePolicy | None = None, budget: float | None = None) -> Ledger:
+        """The ledger of a Plan: its entry's policy and budget unless the call overrides them."""
+        return cls(
+            plan.name,
+            policy=policy or plan.loading.on_bad_sample,
+            budget=plan.loading.bad_sample_budget if budget is None else budget,
+            expected=plan.samples,
+        )
 
     def admit(self, output: dict[str, Any]) -> dict[str, Any] | None:
         """The sample in ``output``, or None for a skipped one; raises per the policy or a worker's error."""
