@@ -267,7 +267,6 @@ def load(
     import logging
     import time
 
-    import numpy as np
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from datacat.backends import open_loader
@@ -342,6 +341,8 @@ def load(
     for bad in loader.ledger.skipped[:20]:
         out.print(f"  skipped: {bad}", markup=False)
     if grid:
+        import numpy as np  # the image extras are installed if a batch was loaded
+
         from datacat.grid import contact_sheet
 
         path = contact_sheet(np.asarray(first["image"]), first["caption"], grid)

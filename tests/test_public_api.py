@@ -29,3 +29,16 @@ def test_import_and_describe_and_list_import_no_framework() -> None:
         "r = CliRunner().invoke(main, ['list']); assert r.exit_code == 0, r.output; datacat.describe('sample')"
     )
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_missing_framework_names_the_extra(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    import datacat.backends
+    from datacat.registry import Implementation, load_implementation
+
+    monkeypatch.setattr(datacat.backends, "_installed", lambda *modules: False)
+    with pytest.raises(datacat.BackendUnavailable, match=r"pip install 'datacat\[torch\]' or 'datacat\[jax\]'"):
+        datacat.open("sample", batch_size=4)
+    with pytest.raises(datacat.BackendUnavailable, match=r"install me \(not_a_real_package_xyz is not installed\)"):
+        load_implementation(Implementation("not_a_real_package_xyz.module:thing", "install me"))
