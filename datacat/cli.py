@@ -19,7 +19,7 @@ from rich.table import Table
 
 from datacat.catalog import Catalog, load_catalog
 from datacat.describe import describe as describe_entry
-from datacat.errors import CatalogError, DatacatError
+from datacat.errors import CatalogError, DatacatError, OptionError
 from datacat.resolve import resolve
 from datacat.schema import BadSamplePolicy, Entry
 
@@ -347,6 +347,29 @@ def load(
 
         path = contact_sheet(np.asarray(first["image"]), first["caption"], grid)
         out.print(f"contact sheet of the first batch: {path}", markup=False)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--root", default=None, help="Replace the entry's root.")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(min=1), help="Shards read at once.")
+@click.pass_context
+@_reports_errors
+def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None:
+    """Count the records of every shard of NAME and print the totals lines for its catalog entry."""
+    import concurrent.futures
+
+    from datacat.pipeline import SampleSource
+
+    plan = resolve(name, catalog=_catalog(ctx), root=root, val_batches=0, count=None)
+    if plan.format in ("mixture", "image_folder", "image_list"):
+        raise OptionError(f"{plan.name} is {plan.format}: its records are counted when it is opened, not per shard")
+    source = SampleSource(plan)
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        counts = list(pool.map(source.count_shard, range(len(plan.shards))))
+    shards = ", ".join(f"{s.name}: {n}" for s, n in zip(plan.shards, counts, strict=True))
+    click.echo(f"# {plan.name}: records per shard, counted from {len(counts)} shard(s); paste under the entry")
+    click.echo(f"totals:\n  shards: {len(counts)}\n  samples: {sum(counts)}\n  per_shard: {{{shards}}}")
 
 
 @main.command()

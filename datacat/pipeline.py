@@ -94,9 +94,16 @@ class SampleSource:
             missing = [s.name for s in self.plan.shards if s.samples is None][:3]
             raise OptionError(
                 f"{self.plan.name}: reading a stream format by position needs the records of every shard "
-                f"(none declared for {', '.join(missing)}...); declare totals.per_shard in the catalog entry"
+                f"(none declared for {', '.join(missing)}...); declare totals.per_shard in the catalog entry "
+                f"(`datacat count {self.plan.name}` counts them and prints the lines to paste)"
             )
         return cumulative([c or 0 for c in counts])
+
+    def count_shard(self, shard: int) -> int:
+        """Records in one shard, counted by reading it (nothing is decoded)."""
+        if self.random_access and hasattr(self.reader, "counts"):
+            return int(self.reader.counts[shard])
+        return sum(1 for _ in self.reader.iter_shard(shard))
 
     def process(self, item: RawItem, *, epoch: int = 0) -> dict[str, Any]:
         """The sample of one raw item, or a bad-sample marker for the ledger to judge."""

@@ -27,9 +27,14 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
     loader = datacat.open(name, framework=framework, **options)
     if state is not None:
         loader.load_state_dict(state)
-    batches, pixels = [], {}
+    batches, pixels, arrays = [], {}, []
     iterator = iter(loader)
     for i, batch in enumerate(iterator):
+        image = batch["image"]
+        if hasattr(image, "sharding"):  # a jax.Array: record how it is laid out
+            arrays.append(
+                {"type": type(image).__name__, "shape": list(image.shape), "devices": len(image.sharding.device_set)}
+            )
         batches.append(list(batch["key"]))
         images = np.asarray(batch["image"])
         for key, image in zip(batch["key"], images, strict=True):
@@ -38,7 +43,7 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
             break
     saved = loader.state_dict() if stop_after is not None else None
     iterator.close()
-    return {"batches": batches, "pixels": pixels, "state": saved, "per_epoch": len(loader)}
+    return {"batches": batches, "pixels": pixels, "state": saved, "per_epoch": len(loader), "arrays": arrays}
 
 
 def main() -> None:

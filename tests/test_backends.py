@@ -24,10 +24,10 @@ ALL_KEYS = 55
 
 
 def run_ranks(
-    framework: str, loads_for_rank: list[list[dict[str, Any]]], timeout: int = 400
+    framework: str, loads_for_rank: list[list[dict[str, Any]]], timeout: int = 400, env: dict[str, str] | None = None
 ) -> list[list[dict[str, Any]]]:
     """Starts one process per rank, all at once; returns each rank's results."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     procs = [
         subprocess.Popen(
             [sys.executable, str(HARNESS), json.dumps({"framework": framework, "loads": loads})],
@@ -223,8 +223,23 @@ def test_load_command_with_grid(tmp_path: Path) -> None:
     assert sheet.size[0] >= 8 * 100 and pixels.std() > 20  # photos, not a blank sheet
 
 
+def test_jax_arrays_laid_out_over_local_devices() -> None:
+    # Two CPU devices stand in for a host's accelerators.
+    load = {"name": "sample-arrayrecord", "batch_size": 8, "device_put": True, "drop_remainder": True}
+    (result,) = run_ranks("jax", [[load]], env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})[0]
+    assert result["arrays"] and all(
+        a == {"type": "ArrayImpl", "shape": [8, 64, 64, 3], "devices": 2} for a in result["arrays"]
+    )
+    assert len(result["batches"]) == 6
+
+
 def test_loader_errors_are_clear() -> None:
     with pytest.raises(datacat.OptionError, match="cannot fill one batch of 64 on each of 4"):
         datacat.open("sample", framework="torch", batch_size=64, world_size=4, rank=0, drop_remainder=True)
     with pytest.raises(datacat.OptionError, match="unknown framework"):
         datacat.open("sample", framework="tf", batch_size=4)
+    sample = datacat.load_catalog()["sample"]
+    bare = sample.model_copy(update={"totals": sample.totals.model_copy(update={"per_shard": None, "samples": None})})
+    catalog = datacat.Catalog({"bare": bare}, {"bare": datacat.load_catalog().sources["sample"]})
+    with pytest.raises(datacat.OptionError, match=r"declare totals\.per_shard"):
+        datacat.open("bare", framework="torch", batch_size=4, catalog=catalog)

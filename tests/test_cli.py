@@ -98,3 +98,15 @@ def test_console_script_runs_from_another_directory(tmp_path: Path) -> None:
     result = subprocess.run([str(exe), "describe", "sample"], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "sample" in result.stdout and "webdataset" in result.stdout
+
+
+def test_count_prints_the_totals_an_entry_declares() -> None:
+    import yaml
+
+    import datacat
+
+    code, out = run("count", "sample")
+    assert code == 0, out
+    counted = yaml.safe_load(out)["totals"]
+    declared = datacat.load_catalog()["sample"].totals
+    assert counted["per_shard"] == declared.per_shard and counted["samples"] == declared.samples == 55
