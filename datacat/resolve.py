@@ -76,7 +76,7 @@ class Plan(_Frozen):
     embeddings: Embeddings | None = None
     images: Plan | None = None
     """For an embeddings entry: the plan of the image shards it aligns with."""
-    storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)
+    storage_options: dict[str, Any] = Field(default_factory=dict, repr=False, exclude=True)
     storage_options_shown: dict[str, Any] = {}
     """storage_options as the catalog writes them (``${VAR}`` unexpanded, literal secrets redacted)."""
     source: str = ""
@@ -96,25 +96,20 @@ class Plan(_Frozen):
 
     def to_json(self) -> dict[str, Any]:
         """The Plan as JSON-able data, without the expanded storage options (they may hold secrets)."""
-        return self.model_dump(mode="json", exclude=_EXCLUDE)
+        return self.model_dump(mode="json")
 
     def fingerprint(self) -> str:
         """A short hash of what decides the stream: shards, weights, layout, seed, options."""
-        text = json.dumps(self.model_dump(mode="json", exclude=_FINGERPRINT_EXCLUDE), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self._identity(), sort_keys=True).encode()).hexdigest()[:16]
 
-
-def _nested_exclude(fields: set[str]) -> Any:
-    # Applies the same exclusions to component and image plans, as deep as mixtures nest.
-    out: dict[str, Any] = dict.fromkeys(fields, True)
-    inner: dict[str, Any] = dict(out)
-    for _ in range(8):
-        inner = {**out, "components": {"__all__": {"plan": inner}}, "images": inner}
-    return {**out, "components": {"__all__": {"plan": inner}}, "images": inner}
-
-
-_EXCLUDE = _nested_exclude({"storage_options"})
-_FINGERPRINT_EXCLUDE = _nested_exclude({"storage_options", "storage_options_shown", "source", "overrides"})
+    def _identity(self) -> dict[str, Any]:
+        # Where the catalog file was read from, and how it was shown, do not change the data.
+        data = self.model_dump(
+            mode="json", exclude={"storage_options_shown", "source", "overrides", "components", "images"}
+        )
+        data["components"] = [(c.weight, c.plan._identity()) for c in self.components]
+        data["images"] = self.images._identity() if self.images is not None else None
+        return data
 
 
 def resolve(
