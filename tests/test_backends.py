@@ -243,3 +243,30 @@ def test_loader_errors_are_clear() -> None:
     catalog = datacat.Catalog({"bare": bare}, {"bare": datacat.load_catalog().sources["sample"]})
     with pytest.raises(datacat.OptionError, match=r"declare totals\.per_shard"):
         datacat.open("bare", framework="torch", batch_size=4, catalog=catalog)
+
+
+def test_image_folder_and_list_through_both_frameworks(tmp_path: Path) -> None:
+    from helpers import jpeg
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(10):
+        (tmp_path / "imgs" / f"{i:02d}.jpg").write_bytes(jpeg(i))
+        (tmp_path / "imgs" / f"{i:02d}.txt").write_text(f"picture {i}")
+    (tmp_path / "list.csv").write_text("path,text\n" + "".join(f"imgs/{i:02d}.jpg,listed {i}\n" for i in range(10)))
+    (tmp_path / "c.yaml").write_text(
+        "folder: {description: d, format: image_folder, location: {root: ., shards: [imgs]}, record: {layout: files}, loading: {image_size: 16, val_batches: 0}}\n"
+        "table: {description: d, format: image_list, location: {root: ., shards: [list.csv]}, record: {layout: table, image: path, caption: text}, loading: {image_size: 16, val_batches: 0}}\n"
+    )
+    catalog = datacat.load_catalog([tmp_path / "c.yaml"])
+    loads = [{"name": n, "batch_size": 4, "num_workers": 1, "seed": 2} for n in ("folder", "table")]
+    jax_results = run_ranks("jax", [loads], env={"DATACAT_CATALOG": str(tmp_path / "c.yaml")})[0]
+    for load, jax_result in zip(loads, jax_results, strict=True):
+        torch_batches = [
+            list(b["key"])
+            for b in datacat.open(load["name"], framework="torch", batch_size=4, num_workers=1, seed=2, catalog=catalog)
+        ]
+        assert torch_batches == jax_result["batches"]
+        assert (
+            sorted(k for b in torch_batches for k in b) == sorted({k for b in torch_batches for k in b})
+            and sum(map(len, torch_batches)) == 10
+        )
