@@ -59,7 +59,7 @@ FORMATS: dict[str, FormatInfo] = {
     "embeddings": FormatInfo(
         "datacat.formats.embeddings:EmbeddingsReader", "", "stream", ("location", "embeddings"), ("members",)
     ),
-    "mixture": FormatInfo("datacat.formats.mixture:MixtureReader", "", "composite", ("mixture",), ()),
+    "mixture": FormatInfo("datacat.mixing:MixtureSource", "", "composite", ("mixture",), ()),
 }
 
 BACKENDS: dict[str, Implementation] = {
