@@ -167,7 +167,7 @@ class EpochView:
         if source.random_access:
             self.permutation = Feistel(len(selection), epoch_key(seed, epoch)) if shuffle else None
         else:
-            offsets = source.shard_offsets()
+            offsets = self.offsets = source.shard_offsets()
             order = shard_order(len(source.plan.shards), seed, epoch, shuffle)
             # Each shard contributes its selected records, [begin, end) within the shard.
             spans = []
@@ -210,7 +210,7 @@ class EpochView:
             return self.first + (self.permutation[j] if self.permutation is not None else j)
         part, offset = locate(self.span_starts, j)
         shard, begin, _ = self.spans[part]
-        return self.source.shard_offsets()[shard] + begin + offset
+        return self.offsets[shard] + begin + offset
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         try:
