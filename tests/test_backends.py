@@ -270,3 +270,17 @@ def test_image_folder_and_list_through_both_frameworks(tmp_path: Path) -> None:
             sorted(k for b in torch_batches for k in b) == sorted({k for b in torch_batches for k in b})
             and sum(map(len, torch_batches)) == 10
         )
+
+
+def test_endless_epochs_and_unpicklable_tokenize() -> None:
+    loader = datacat.open("sample-arrayrecord", framework="torch", batch_size=8, epochs=None)
+    iterator = iter(loader)
+    keys = [k for _ in range(20) for k in next(iterator)["key"]]  # 7 batches an epoch: into the third
+    assert loader.epoch == 2 and len(keys) == 2 * ALL_KEYS + 6 * 8
+    assert sorted(keys[:ALL_KEYS]) == sorted(keys[ALL_KEYS : 2 * ALL_KEYS])
+    with pytest.raises(datacat.OptionError, match="cannot be pickled to the worker processes"):
+        datacat.open("sample", framework="torch", batch_size=4, num_workers=2, tokenize=lambda text: text.split())
+    tokens = next(iter(datacat.open("sample", framework="torch", batch_size=4, num_workers=2, tokenize=str.split)))[
+        "tokens"
+    ]
+    assert isinstance(tokens[0], list) and tokens[0]

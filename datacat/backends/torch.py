@@ -91,6 +91,17 @@ class TorchLoader(Loader):
         if image_layout not in ("hwc_uint8", "chw_float"):
             raise OptionError(f"image_layout must be 'hwc_uint8' or 'chw_float', not {image_layout!r}")
         super().__init__(plan, **options)
+        tokenize = options.get("tokenize")
+        if self.num_workers and tokenize is not None:
+            import pickle
+
+            try:
+                pickle.dumps(tokenize)
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                raise OptionError(
+                    f"tokenize={tokenize!r} cannot be pickled to the worker processes ({exc}); "
+                    "pass a module-level function or a picklable object, or num_workers=0"
+                ) from None
         self.image_layout = image_layout
         self.prefetch_factor = prefetch_factor
 

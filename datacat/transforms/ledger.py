@@ -110,7 +110,8 @@ class Ledger:
     def skip(self, bad: BadSample) -> None:
         """Records one dropped sample; raises when the budget is spent."""
         self.skipped.append(bad)
-        log.warning("skipped bad sample: %s", bad)
+        # The first few are worth a warning each; the rest are in the ledger and its summary.
+        log.log(logging.WARNING if len(self.skipped) <= 10 else logging.DEBUG, "skipped bad sample: %s", bad)
         base = self.expected if self.expected is not None else self.seen
         allowed = max(self.min_allowed, int(self.budget * base))
         if len(self.skipped) > allowed:
