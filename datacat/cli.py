@@ -234,7 +234,10 @@ def _fingerprint(info: dict[str, Any]) -> str:
 @click.option("--framework", type=click.Choice(["torch", "jax", "auto"]), default="auto", show_default=True)
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option(
-    "--batches", default=None, type=click.IntRange(min=1), help="Stop after this many batches (default: one epoch)."
+    "--batches",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Stop after this many batches, across epochs (default: one epoch).",
 )
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=0), help="Worker processes.")
 @click.option("--image-size", default=None, type=click.IntRange(min=1), help="Override the entry's image size.")
@@ -283,10 +286,11 @@ def load(
         root=root,
         catalog=_catalog(ctx),
         num_workers=workers,
+        epochs=None if batches else 1,  # --batches may run past the end of an epoch
         image_size=image_size,
         on_bad_sample=on_bad_sample,
     )
-    total = min(batches, len(loader)) if batches else len(loader)
+    total = batches or len(loader)
     out.print(f"{loader!r}", markup=False)
     images, first, elapsed = 0, None, 0.0
     started = time.perf_counter()
