@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from datacat.epochs import Schedule, plan_schedule
-from datacat.errors import OptionError, PlanMismatch
+from datacat.errors import DatacatError, OptionError, PlanMismatch
 from datacat.mixing import MixtureSource, MixtureView
 from datacat.pipeline import BatchView, EpochView, SampleSource
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
+from datacat.transforms.ledger import Ledger
 
 __all__ = ["Loader"]
 
@@ -88,7 +89,7 @@ class Loader:
         return self.schedule.batches
 
     @property
-    def ledger(self) -> Any:
+    def ledger(self) -> Ledger:
         """The bad-sample ledger of this loader (counts, skipped samples, summary())."""
         return self.source.ledger
 
@@ -118,7 +119,12 @@ class Loader:
             outputs = self._batches(BatchView(self._view(self.epoch)), self.batch)
             try:
                 for _ in range(self.batch, self.schedule.batches):
-                    output = next(outputs)
+                    output = next(outputs, None)
+                    if output is None:
+                        raise DatacatError(
+                            f"{self.plan.name}: the workers stopped after {self.batch} of {self.schedule.batches} "
+                            f"batches of epoch {self.epoch}; this is a datacat bug, please report it"
+                        )
                     for mark in output["marks"]:
                         self.source.ledger.admit(mark)  # raises, or records a skip
                     self.source.ledger.seen += len(output["batch"]["key"])
