@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
-from datacat.errors import DatacatError, OptionError
+from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import RawItem, open_reader
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
@@ -215,8 +215,11 @@ class EpochView:
     def __getitem__(self, index: int) -> dict[str, Any]:
         try:
             item = self._item(index)
-        except (DatacatError, FileNotFoundError, OSError) as exc:
+        except (DatacatError, FileNotFoundError) as exc:
             return error_marker(exc)
+        except Exception as exc:  # a storage client's own error types; named here, raised in the main process
+            context = f"reading record {self.position(index)} of {self.source.plan.name}"
+            return error_marker(ShardError(f"{type(exc).__name__} while {context}: {exc}"))
         return self.source.process(item, epoch=self.epoch)
 
     def _item(self, index: int) -> RawItem:
@@ -231,14 +234,21 @@ class EpochView:
             if self._cursor is None or self._cursor[0] != shard or self._cursor[1] > local:
                 self._cursor = (shard, 0, self.source.reader.iter_shard(shard))
             _, at, items = self._cursor
-            for skipped in range(at, local):
-                item = next(items)  # read past, not decoded; kept while another thread may want it
-                if local - skipped <= _READ_AHEAD:
-                    self._ahead[(shard, skipped)] = item
-            item = next(items)
+            self._cursor = None  # until this read succeeds: a failed shard is opened afresh next time
+            for position in range(at, local + 1):
+                item = next(items, None)
+                if item is None:
+                    declared = self.source.plan.shards[shard].samples
+                    raise ShardError(
+                        f"shard {self.source.plan.shards[shard].url} ended after {position} records, but the catalog "
+                        f"declares {declared}; correct totals.per_shard (datacat count {self.source.plan.name})"
+                    )
+                if position < local and local - position <= _READ_AHEAD:
+                    self._ahead[(shard, position)] = item  # read past, not decoded; another thread may want it
             self._cursor = (shard, local + 1, items)
             while len(self._ahead) > _READ_AHEAD:
                 self._ahead.pop(next(iter(self._ahead)))
+            assert item is not None  # the loop ran at least once and raised on None
             return item
 
 

@@ -284,3 +284,48 @@ def test_endless_epochs_and_unpicklable_tokenize() -> None:
         "tokens"
     ]
     assert isinstance(tokens[0], list) and tokens[0]
+
+
+def test_missing_and_short_shards_are_clear_errors(tmp_path: Path) -> None:
+    from helpers import make_tar, sample_members
+
+    for framework_name in ("sample", "sample-arrayrecord"):
+        with pytest.raises(FileNotFoundError, match=r"shard not found: .*empty.*; check the entry's root") as info:
+            list(
+                datacat.open(
+                    framework_name, framework="torch", batch_size=8, num_workers=2, root=str(tmp_path / "empty")
+                )
+            )
+        assert "Errno 2] [Errno" not in str(info.value)
+    make_tar(tmp_path / "0.tar", sample_members([f"{i:02d}" for i in range(6)]))
+    (tmp_path / "c.yaml").write_text(
+        "short: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, totals: {per_shard: {0.tar: 9}}, loading: {val_batches: 0}}\n"
+    )
+    loader = datacat.open(
+        "short", framework="torch", batch_size=3, catalog=datacat.load_catalog([tmp_path / "c.yaml"]), image_size=16
+    )
+    with pytest.raises(datacat.ShardError, match=r"0\.tar ended after 6 records, but the catalog declares 9"):
+        list(loader)
+
+
+def test_missing_shard_under_grain_workers_is_a_clear_error(tmp_path: Path) -> None:
+    code = (
+        "import datacat\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        f"        list(datacat.open('sample', framework='jax', batch_size=8, num_workers=2, root={str(tmp_path)!r}))\n"
+        "    except FileNotFoundError as exc:\n"
+        "        print('CAUGHT', exc)\n"
+    )
+    script = tmp_path / "probe.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CAUGHT [Errno 2] shard not found:" in done.stdout and "check the entry's root" in done.stdout

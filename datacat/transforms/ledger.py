@@ -52,7 +52,8 @@ def bad_marker(bad: BadSample) -> dict[str, Any]:
 def error_marker(exc: BaseException) -> dict[str, Any]:
     """What a worker yields in place of raising, so the main process raises it cleanly."""
     kind = next((name for name, cls in _ERRORS.items() if isinstance(exc, cls)), "DatacatError")
-    return {_ERROR: (kind, str(exc))}
+    message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return {_ERROR: (kind, message)}
 
 
 def is_marker(output: dict[str, Any]) -> bool:
