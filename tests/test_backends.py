@@ -278,12 +278,23 @@ def test_endless_epochs_and_unpicklable_tokenize() -> None:
     keys = [k for _ in range(20) for k in next(iterator)["key"]]  # 7 batches an epoch: into the third
     assert loader.epoch == 2 and len(keys) == 2 * ALL_KEYS + 6 * 8
     assert sorted(keys[:ALL_KEYS]) == sorted(keys[ALL_KEYS : 2 * ALL_KEYS])
-    with pytest.raises(datacat.OptionError, match="cannot be pickled to the worker processes"):
-        datacat.open("sample", framework="torch", batch_size=4, num_workers=2, tokenize=lambda text: text.split())
-    tokens = next(iter(datacat.open("sample", framework="torch", batch_size=4, num_workers=2, tokenize=str.split)))[
-        "tokens"
-    ]
-    assert isinstance(tokens[0], list) and tokens[0]
+    # Forked workers take any tokenize; workers that are not forked need it picklable, and say so.
+    forked = datacat.open(
+        "sample",
+        framework="torch",
+        batch_size=4,
+        num_workers=2,
+        tokenize=lambda text: text.split(),
+        multiprocessing_context="fork",  # this process has read ArrayRecords above: the default would be forkserver
+    )
+    assert next(iter(forked))["tokens"][0]
+    spawned = datacat.open(
+        "sample", framework="torch", batch_size=4, num_workers=2, tokenize=lambda t: t, multiprocessing_context="spawn"
+    )
+    with pytest.raises(datacat.OptionError, match="cannot be pickled to worker processes that are not forked"):
+        next(iter(spawned))
+    tokens = next(iter(datacat.open("sample", framework="torch", batch_size=4, num_workers=2, tokenize=str.split)))
+    assert isinstance(tokens["tokens"][0], list) and tokens["tokens"][0]
 
 
 def test_missing_and_short_shards_are_clear_errors(tmp_path: Path) -> None:
@@ -329,3 +340,22 @@ def test_missing_shard_under_grain_workers_is_a_clear_error(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CAUGHT [Errno 2] shard not found:" in done.stdout and "check the entry's root" in done.stdout
+
+
+def test_script_without_main_guard_runs_torch_workers(tmp_path: Path) -> None:
+    # Torch users on Linux rarely guard their scripts: forked workers must not need it.
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import datacat\n"
+        "loader = datacat.open('sample-arrayrecord', framework='torch', batch_size=8, num_workers=2)\n"
+        "print('RECORDS', sum(len(b['key']) for b in loader))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert done.returncode == 0 and "RECORDS 55" in done.stdout, done.stderr[-2000:]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,13 +72,33 @@ def _identity(item: Any) -> Any:
     return item
 
 
-def _worker_context() -> multiprocessing.context.BaseContext:
-    # Workers fork from a forkserver, a clean process started once: forking this process
-    # instead segfaults once array_record's C++ readers have run here, and deadlocks
-    # beside a loaded jax. The server preloads torch so each worker starts in milliseconds.
+def _worker_context() -> multiprocessing.context.BaseContext | None:
+    """Fork, as torch does by default, unless forking this process is known to break the workers.
+
+    A forked worker segfaults once array_record's C++ client has run in this
+    process, and may deadlock beside a loaded jax. Then the workers start from a
+    forkserver (a clean process started once, torch preloaded), which needs the
+    script's top level behind ``if __name__ == "__main__":``.
+    """
+    array_record = sys.modules.get("datacat.formats.array_record")
+    if "jax" not in sys.modules and not (array_record is not None and array_record.opened_here()):
+        return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "datacat.backends.torch"])
     return context
+
+
+def _check_picklable(stream: _BatchStream) -> None:
+    # Workers that do not fork get the dataset pickled; say which part cannot be, and the fix.
+    import pickle
+
+    try:
+        pickle.dumps(stream)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise OptionError(
+            f"the loader cannot be pickled to worker processes that are not forked ({exc}); a tokenize= must be a "
+            "module-level function or a picklable object, or pass num_workers=0"
+        ) from None
 
 
 class TorchLoader(Loader):
@@ -86,36 +107,35 @@ class TorchLoader(Loader):
     framework = "torch"
 
     def __init__(
-        self, plan: Plan, *, image_layout: str = "hwc_uint8", prefetch_factor: int = 4, **options: Any
+        self,
+        plan: Plan,
+        *,
+        image_layout: str = "hwc_uint8",
+        prefetch_factor: int = 4,
+        multiprocessing_context: str | None = None,
+        **options: Any,
     ) -> None:
         if image_layout not in ("hwc_uint8", "chw_float"):
             raise OptionError(f"image_layout must be 'hwc_uint8' or 'chw_float', not {image_layout!r}")
         super().__init__(plan, **options)
-        tokenize = options.get("tokenize")
-        if self.num_workers and tokenize is not None:
-            import pickle
-
-            try:
-                pickle.dumps(tokenize)
-            except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                raise OptionError(
-                    f"tokenize={tokenize!r} cannot be pickled to the worker processes ({exc}); "
-                    "pass a module-level function or a picklable object, or num_workers=0"
-                ) from None
         self.image_layout = image_layout
         self.prefetch_factor = prefetch_factor
+        self.multiprocessing_context = multiprocessing_context
 
     def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
         stream = _BatchStream(batches, first, sequential=not self.source.random_access)
         if self.num_workers == 0:
             return iter(stream)
+        context = self.multiprocessing_context or _worker_context()
+        if context is not None and context != "fork":
+            _check_picklable(stream)
         loader = DataLoader(
             stream,
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor,
-            multiprocessing_context=_worker_context(),
+            multiprocessing_context=context,
         )
         return iter(loader)
 

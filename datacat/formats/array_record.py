@@ -23,7 +23,7 @@ from datacat.formats import RawItem
 from datacat.formats.packed import unpack_pre_resized, unpack_record
 from datacat.resolve import Plan
 
-__all__ = ["ArrayRecordReader", "count_records"]
+__all__ = ["ArrayRecordReader", "count_records", "opened_here"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,25 @@ class _FileInstruction:
     examples_in_shard: int
 
 
+def opened_here() -> bool:
+    """Whether this process has opened an ArrayRecord reader: forking it after that crashes the child.
+
+    array_record's C++ client keeps process-wide state that a forked child
+    inherits half-alive (seen here: the child segfaults on its first read).
+    """
+    return os.getpid() == _OPENED_IN
+
+
+_OPENED_IN = 0
+
+
+def _note_opened() -> None:
+    global _OPENED_IN
+    _OPENED_IN = os.getpid()
+
+
 def _open(url: str) -> Any:
+    _note_opened()
     # The C++ reader does not raise on a failed open: ok() turns False and close() raises the status.
     reader = array_record_module.ArrayRecordReader(url)
     if reader.ok():
@@ -118,6 +136,7 @@ class ArrayRecordReader:
         """The raw bytes of global record ``index``."""
         shard, position = self.locate(index)
         if shard not in self._checked:
+            _note_opened()  # the data source opens its reader on this first read
             self._check_shard(shard)
         try:
             data = self.source[index]
