@@ -29,6 +29,7 @@ def _catalog(tmp_path: Path) -> datacat.Catalog:
     (tmp_path / "gcs.yaml").write_text(
         "gwds:\n  description: d\n  format: webdataset\n"
         "  location: {root: '${TEST_BUCKET}', path: webdataset, shards: '{0000..0003}.tar', missing: [2], storage_options: {token: anon}}\n"
+        "  totals: {per_shard: {0000.tar: 19, 0001.tar: 19, 0003.tar: 17}}\n"
         "gar:\n  description: d\n  format: array_record\n"
         "  location: {root: '${TEST_BUCKET}', path: array_record, shards: '*.array_record', storage_options: {token: anon}}\n"
         "  record: {layout: packed, key: key}\n"
@@ -57,3 +58,23 @@ def test_missing_object_on_gs_is_file_not_found(bucket: str, tmp_path: Path, mon
     plan = datacat.resolve("gwds", catalog=_catalog(tmp_path), image_size=16, root="gs://datacat-test/nowhere")
     with pytest.raises(FileNotFoundError, match=r"nowhere/webdataset/0000\.tar"):
         list(SampleSource(plan).iter_samples())
+
+
+def test_both_backends_read_gs_in_worker_processes(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_backends import run_ranks
+
+    monkeypatch.setenv("TEST_BUCKET", bucket)
+    catalog = _catalog(tmp_path)
+    for name in ("gwds", "gar"):
+        loader = datacat.open(
+            name, framework="torch", batch_size=8, catalog=catalog, num_workers=2, image_size=16, val_batches=0
+        )
+        keys = [k for batch in loader for k in batch["key"]]
+        assert len(keys) == 55 and len(set(keys)) == 55, name
+    # grain's spawned workers reach the emulator through the inherited environment.
+    loads = [[{"name": "gar", "batch_size": 8, "num_workers": 2, "image_size": 16, "val_batches": 0}]]
+    env = {"DATACAT_CATALOG": str(tmp_path / "gcs.yaml"), "TEST_BUCKET": bucket}
+    (result,) = run_ranks("jax", loads, env=env)[0]
+    assert sum(len(b) for b in result["batches"]) == 55
