@@ -154,3 +154,21 @@ def test_same_record_same_pixels_in_0_1_and_2_worker_processes() -> None:
         assert [got[i] for i in indices] == here, f"{workers} worker(s) gave other pixels"
     plain = SampleSource(datacat.resolve("sample-arrayrecord", image_size=32, seed=11, augmentation="none"))
     assert sum(plain.sample(i)["image"].tobytes() != px for i, px in zip(indices, here, strict=True)) == len(indices)
+
+
+def test_embeddings_must_pair_with_their_tar_shards(tmp_path: Path) -> None:
+    import shutil
+
+    sample = builtin_catalog_dir() / "sample"
+    shutil.copytree(sample / "webdataset", tmp_path / "webdataset")
+    shutil.copytree(sample / "embeddings", tmp_path / "embeddings")
+    (tmp_path / "c.yaml").write_text(
+        "tars: {description: d, format: webdataset, location: {root: webdataset, shards: '{0000..0003}.tar', missing: [2, 3]}}\n"
+        "embs: {description: d, format: embeddings, location: {root: embeddings, shards: 'img_emb_{0000..0003}.npy', missing: [2]},"
+        " embeddings: {images: tars, dim: 64, index_width: 4}}\n"
+    )
+    catalog = datacat.load_catalog([tmp_path / "c.yaml"], builtin=False)
+    with pytest.raises(
+        datacat.ShardError, match=r"embedding files are for shards \[0, 1, 3\], but tars has tar shards \[0, 1\]"
+    ):
+        SampleSource(datacat.resolve("embs", catalog=catalog))

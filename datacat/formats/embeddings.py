@@ -36,6 +36,14 @@ class EmbeddingsReader:
         self.images = WebDatasetReader(plan.images)
         self.storage_options = dict(plan.storage_options)
         self.files = {self._number(s.name, self.spec.prefix): s.url for s in plan.shards}
+        # Shard i of this entry (its records counted in plan.shards[i]) is read from tar shard i: they must pair up.
+        embedded = [self._number(s.name, self.spec.prefix) for s in plan.shards]
+        imaged = [self._number(url) for url in self.images.urls]
+        if embedded != imaged:
+            raise ShardError(
+                f"{plan.name}: its embedding files are for shards {embedded}, but {plan.images.name} has tar shards "
+                f"{imaged}; declare the same missing shards in both entries"
+            )
         self._loaded: tuple[int, np.ndarray] | None = None
 
     def __repr__(self) -> str:
