@@ -172,3 +172,9 @@ def test_embeddings_must_pair_with_their_tar_shards(tmp_path: Path) -> None:
         datacat.ShardError, match=r"embedding files are for shards \[0, 1, 3\], but tars has tar shards \[0, 1\]"
     ):
         SampleSource(datacat.resolve("embs", catalog=catalog))
+
+
+def test_sample_entries_declare_their_real_sizes() -> None:
+    for name, sub in (("sample", "webdataset"), ("sample-arrayrecord", "array_record"), ("sample-embeddings", "embeddings")):
+        on_disk = sum(f.stat().st_size for f in (builtin_catalog_dir() / "sample" / sub).iterdir())
+        assert datacat.load_catalog()[name].totals.bytes == on_disk
