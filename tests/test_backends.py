@@ -359,3 +359,26 @@ def test_script_without_main_guard_runs_torch_workers(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert done.returncode == 0 and "RECORDS 55" in done.stdout, done.stderr[-2000:]
+
+
+def _worker_environment(caption: str) -> str:
+    return os.environ.get("DATACAT_TEST_LATE_VARIABLE", "unset")
+
+
+def test_forkserver_workers_see_the_loaders_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A forkserver keeps the environment it started with; a variable set later (a storage endpoint,
+    # a credential) must still reach the workers, or they talk to the wrong place.
+    def first_tokens() -> list[Any]:
+        loader = datacat.open(
+            "sample",
+            framework="torch",
+            batch_size=4,
+            num_workers=2,
+            tokenize=_worker_environment,
+            multiprocessing_context="forkserver",
+        )
+        return list(next(iter(loader))["tokens"])
+
+    first_tokens()  # starts the forkserver
+    monkeypatch.setenv("DATACAT_TEST_LATE_VARIABLE", "set after the server started")
+    assert set(first_tokens()) == {"set after the server started"}

@@ -175,6 +175,10 @@ def test_embeddings_must_pair_with_their_tar_shards(tmp_path: Path) -> None:
 
 
 def test_sample_entries_declare_their_real_sizes() -> None:
-    for name, sub in (("sample", "webdataset"), ("sample-arrayrecord", "array_record"), ("sample-embeddings", "embeddings")):
+    for name, sub in (
+        ("sample", "webdataset"),
+        ("sample-arrayrecord", "array_record"),
+        ("sample-embeddings", "embeddings"),
+    ):
         on_disk = sum(f.stat().st_size for f in (builtin_catalog_dir() / "sample" / sub).iterdir())
         assert datacat.load_catalog()[name].totals.bytes == on_disk

@@ -11,8 +11,10 @@ pipeline does, with the records read by datacat's shared readers.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.context
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -70,6 +72,12 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
 
 def _identity(item: Any) -> Any:
     return item
+
+
+def _inherit_environment(environment: dict[str, str], worker_id: int) -> None:
+    # A forkserver started earlier holds the environment of that moment; workers need the loader's
+    # (storage endpoints, credentials, GCSFS_* switches set since).
+    os.environ.update(environment)
 
 
 def _worker_context() -> multiprocessing.context.BaseContext | None:
@@ -136,6 +144,7 @@ class TorchLoader(Loader):
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor,
             multiprocessing_context=context,
+            worker_init_fn=None if context is None else functools.partial(_inherit_environment, dict(os.environ)),
         )
         return iter(loader)
 
