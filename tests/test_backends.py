@@ -382,3 +382,24 @@ def test_forkserver_workers_see_the_loaders_environment(monkeypatch: pytest.Monk
     first_tokens()  # starts the forkserver
     monkeypatch.setenv("DATACAT_TEST_LATE_VARIABLE", "set after the server started")
     assert set(first_tokens()) == {"set after the server started"}
+
+
+def _stuck(caption: str) -> str:
+    import time
+
+    time.sleep(30)
+    return caption
+
+
+def test_a_stuck_worker_is_an_error_not_a_hang() -> None:
+    loader = datacat.open(
+        "sample",
+        framework="torch",
+        batch_size=4,
+        num_workers=1,
+        tokenize=_stuck,
+        multiprocessing_context="fork",
+        worker_timeout=1,
+    )
+    with pytest.raises(datacat.DatacatError, match=r"no batch came from the worker processes in 1 s"):
+        next(iter(loader))

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from datacat.backends.base import Loader
 from datacat.epochs import round_robin_consumed
-from datacat.errors import OptionError
+from datacat.errors import DatacatError, OptionError
 from datacat.pipeline import BatchView
 from datacat.resolve import Plan
 
@@ -96,6 +96,19 @@ def _worker_context() -> multiprocessing.context.BaseContext | None:
     return context
 
 
+def _unless_stuck(batches: Iterator[dict[str, Any]], timeout: float, name: str) -> Iterator[dict[str, Any]]:
+    # A worker stuck on storage would otherwise keep the main process waiting forever.
+    try:
+        yield from batches
+    except RuntimeError as exc:
+        if "timed out" not in str(exc):
+            raise
+        raise DatacatError(
+            f"{name}: no batch came from the worker processes in {timeout:.0f} s; a worker is stuck (storage "
+            "unreachable, or a shard that never ends?). Check the root and network, or raise worker_timeout="
+        ) from None
+
+
 def _check_picklable(stream: _BatchStream) -> None:
     # Workers that do not fork get the dataset pickled; say which part cannot be, and the fix.
     import pickle
@@ -121,6 +134,7 @@ class TorchLoader(Loader):
         image_layout: str = "hwc_uint8",
         prefetch_factor: int = 4,
         multiprocessing_context: str | None = None,
+        worker_timeout: float = 600.0,
         **options: Any,
     ) -> None:
         if image_layout not in ("hwc_uint8", "chw_float"):
@@ -129,6 +143,7 @@ class TorchLoader(Loader):
         self.image_layout = image_layout
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
+        self.worker_timeout = worker_timeout
 
     def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
         stream = _BatchStream(batches, first, sequential=not self.source.random_access)
@@ -145,8 +160,9 @@ class TorchLoader(Loader):
             prefetch_factor=self.prefetch_factor,
             multiprocessing_context=context,
             worker_init_fn=None if context is None else functools.partial(_inherit_environment, dict(os.environ)),
+            timeout=self.worker_timeout,
         )
-        return iter(loader)
+        return _unless_stuck(iter(loader), self.worker_timeout, self.plan.name)
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.image_layout == "chw_float":
