@@ -47,6 +47,15 @@ def run_ranks(
     return results
 
 
+def run_script(path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """Writes ``code`` to ``path`` and runs it as a user's script, in a fresh interpreter."""
+    path.write_text(code)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=300, check=False, env=env
+    )
+
+
 # (ranks, workers) layouts up to 4 x 2; the sample has 3 shards, fewer than 4 x 2.
 LAYOUTS = {"torch": [(1, 0), (2, 1), (3, 2), (4, 2)], "jax": [(1, 0), (3, 1), (4, 2)]}
 
@@ -328,35 +337,18 @@ def test_missing_shard_under_grain_workers_is_a_clear_error(tmp_path: Path) -> N
         "    except FileNotFoundError as exc:\n"
         "        print('CAUGHT', exc)\n"
     )
-    script = tmp_path / "probe.py"
-    script.write_text(code)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    done = run_script(tmp_path / "probe.py", code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CAUGHT [Errno 2] shard not found:" in done.stdout and "check the entry's root" in done.stdout
 
 
 def test_script_without_main_guard_runs_torch_workers(tmp_path: Path) -> None:
     # Torch users on Linux rarely guard their scripts: forked workers must not need it.
-    script = tmp_path / "train.py"
-    script.write_text(
+    done = run_script(
+        tmp_path / "train.py",
         "import datacat\n"
         "loader = datacat.open('sample-arrayrecord', framework='torch', batch_size=8, num_workers=2)\n"
-        "print('RECORDS', sum(len(b['key']) for b in loader))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        "print('RECORDS', sum(len(b['key']) for b in loader))\n",
     )
     assert done.returncode == 0 and "RECORDS 55" in done.stdout, done.stderr[-2000:]
 
