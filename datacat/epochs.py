@@ -104,10 +104,6 @@ class Schedule:
     def batches(self) -> int:
         return len(self.batch_sizes)
 
-    def consumed(self, batches: int) -> int:
-        """Records of this rank's slice that ``batches`` batches hold."""
-        return sum(self.batch_sizes[:batches])
-
 
 def plan_schedule(
     records: int, *, rank: int, world_size: int, batch_size: int, drop_remainder: bool, name: str = ""
