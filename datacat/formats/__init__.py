@@ -18,12 +18,13 @@ the same for its sources):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from datacat.registry import FORMATS, load_implementation
 from datacat.resolve import Plan
 
-__all__ = ["RawItem", "open_reader"]
+__all__ = ["RawItem", "open_reader", "record_caption"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,3 +40,18 @@ class RawItem:
 def open_reader(plan: Plan) -> Any:
     """The reader for ``plan.format``, its module imported now."""
     return load_implementation(FORMATS[plan.format])(plan)
+
+
+def record_caption(fields: Mapping[str, Any], keys: Sequence[str] = ("txt", "caption", "text")) -> str | None:
+    """The caption a record already carries, from the first of ``keys`` it has, or None."""
+    for key in keys:
+        value = fields.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"caption {key!r} is not utf-8") from None
+        return str(value).strip()
+    return None

@@ -19,7 +19,7 @@ from typing import Any
 from array_record.python import array_record_data_source, array_record_module
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem
+from datacat.formats import RawItem, record_caption
 from datacat.formats.packed import unpack_pre_resized, unpack_record
 from datacat.resolve import Plan
 
@@ -174,11 +174,7 @@ class ArrayRecordReader:
         else:
             out["image"] = entries.get(record.image) if record.image else None
             caption_key = record.caption or "txt"
-        caption = entries.get(caption_key)
-        try:
-            out["caption"] = caption.decode("utf-8").strip() if caption is not None else None
-        except UnicodeDecodeError:
-            raise ValueError(f"caption {caption_key!r} is not utf-8") from None
+        out["caption"] = record_caption(entries, (caption_key,))
         label_key = record.label or ("label" if record.layout == "pre_resized" else None)
         if label_key and label_key in entries:
             out["label"] = _label(entries[label_key])

@@ -8,7 +8,7 @@ from typing import Any
 import fsspec
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem
+from datacat.formats import RawItem, record_caption
 from datacat.formats.storage import read_bytes
 from datacat.resolve import Plan
 
@@ -56,10 +56,7 @@ class ImageFolderReader:
         caption_url = posixpath.splitext(url)[0] + ".txt"
         caption = None
         if caption_url in self.caption_files:
-            try:
-                caption = read_bytes(caption_url, self.storage_options).decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise ValueError(f"caption file {caption_url} is not utf-8") from None
+            caption = record_caption({caption_url: read_bytes(caption_url, self.storage_options)}, (caption_url,))
         return {
             "__key__": item.key,
             "__shard__": item.shard,

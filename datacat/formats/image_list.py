@@ -14,7 +14,7 @@ import posixpath
 from typing import Any
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem
+from datacat.formats import RawItem, record_caption
 from datacat.formats.storage import read_bytes
 from datacat.resolve import Plan
 
@@ -89,8 +89,7 @@ class ImageListReader:
         except FileNotFoundError:
             raise ValueError(f"image {path} listed in {item.shard} does not exist") from None
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid, "image": image}
-        caption = row.get(record.caption) if record.caption else None
-        out["caption"] = str(caption).strip() if caption is not None else None
+        out["caption"] = record_caption(row, (record.caption,)) if record.caption else None
         if record.label and row.get(record.label) is not None:
             out["label"] = int(row[record.label])
         return out

@@ -20,7 +20,7 @@ from typing import IO, Any
 import numpy as np
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem
+from datacat.formats import RawItem, record_caption
 from datacat.formats.storage import open_url
 from datacat.resolve import Plan
 
@@ -131,10 +131,7 @@ class WebDatasetReader:
         record = self.record
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
         out["image"] = members.get(record.image) if record.image else None
-        caption = members.get(record.caption) if record.caption else None
-        if caption is not None and not isinstance(caption, str):
-            raise ValueError(f"caption member .{record.caption} is not text")
-        out["caption"] = caption.strip() if isinstance(caption, str) else None
+        out["caption"] = record_caption(members, (record.caption,)) if record.caption else None
         if record.label:
             out["label"] = members.get(record.label)
         if record.key and record.key in members:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from datacat.formats import record_caption
 
 __all__ = ["PROMPT_TEMPLATES", "Tokenize", "caption_from_label", "class_names", "record_caption"]
 
@@ -31,21 +33,6 @@ def class_names(path: str) -> tuple[str, ...]:
     if not names:
         raise ValueError(f"class names file {path} is empty")
     return names
-
-
-def record_caption(fields: Mapping[str, Any], keys: Sequence[str] = ("txt", "caption", "text")) -> str | None:
-    """The caption a record already carries, from the first of ``keys`` it has, or None."""
-    for key in keys:
-        value = fields.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"caption {key!r} is not utf-8") from None
-        return str(value).strip()
-    return None
 
 
 def caption_from_label(label: int, names: Sequence[str], templates: Sequence[str], rng: np.random.Generator) -> str:
