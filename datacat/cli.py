@@ -215,18 +215,12 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
     )
     if plan["storage_options_shown"]:
         say(f"{indent}  storage_options: {json.dumps(plan['storage_options_shown'])}")
-    say(f"{indent}  seed {plan['seed']}, split {plan['split']}, plan fingerprint {_fingerprint(info)}")
+    say(f"{indent}  seed {plan['seed']}, split {plan['split']}, plan fingerprint {info['fingerprint']}")
     if info["notes"]:
         say(f"{indent}  notes: {info['notes']}")
     say(f"{indent}  layout contract:")
     for line in info["contract"]:
         say(f"{indent}    - {line}")
-
-
-def _fingerprint(info: dict[str, Any]) -> str:
-    from datacat.resolve import Plan
-
-    return Plan.model_validate({**info["plan"], "storage_options": {}}).fingerprint()
 
 
 @main.command()

@@ -54,6 +54,7 @@ def describe(
         "shard_count": len(plan.shards) if plan.glob is None else None,
         "declared": entry.totals.model_dump(mode="json", exclude_none=True),
         "contract": layout_contract(plan, entry),
+        "fingerprint": plan.fingerprint(),
         "plan": plan.to_json(),
     }
 
