@@ -32,7 +32,7 @@ from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger, error_marker
 
-__all__ = ["MixtureSource", "MixtureView", "draw_sequence"]
+__all__ = ["MixtureSource", "MixtureView", "draw_sequence", "open_source"]
 
 _BLOCK = 4096
 
@@ -120,6 +120,10 @@ class MixtureSource:
     def __len__(self) -> int:
         return sum(self.sizes)
 
+    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> MixtureView:
+        """One rank's records of one epoch, by index."""
+        return MixtureView(self, schedule, seed=seed, epoch=epoch, shuffle=shuffle)
+
 
 @functools.lru_cache(maxsize=4)
 def _draws(
@@ -192,3 +196,15 @@ class MixtureView:
         if "__bad__" not in output and "__error__" not in output:
             output["component"] = self.source.components[component].plan.name
         return output
+
+
+def open_source(
+    plan: Plan,
+    *,
+    tokenize: Tokenize | None = None,
+    on_bad_sample: BadSamplePolicy | None = None,
+    bad_sample_budget: float | None = None,
+) -> SampleSource | MixtureSource:
+    """The source of a Plan's samples: a MixtureSource for a mixture, else a SampleSource."""
+    kind = MixtureSource if plan.format == "mixture" else SampleSource
+    return kind(plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget)

@@ -77,6 +77,14 @@ class SampleSource:
     def __len__(self) -> int:
         return len(self.selection())
 
+    def epoch_length(self, seed: int, epoch: int) -> int:
+        """Records in one epoch: the selection, whatever the seed and epoch."""
+        return len(self)
+
+    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> EpochView:
+        """One rank's records of one epoch, by index."""
+        return EpochView(self, schedule, seed=seed, epoch=epoch, shuffle=shuffle)
+
     def total(self) -> int:
         """Records in all shards, before holdout and count."""
         if self.random_access:

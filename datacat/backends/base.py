@@ -14,8 +14,8 @@ from typing import Any
 
 from datacat.epochs import Schedule, plan_schedule
 from datacat.errors import DatacatError, OptionError, PlanMismatch
-from datacat.mixing import MixtureSource, MixtureView
-from datacat.pipeline import BatchView, EpochView, SampleSource
+from datacat.mixing import open_source
+from datacat.pipeline import BatchView
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
@@ -63,15 +63,9 @@ class Loader:
         self.shuffle = shuffle
         self.num_workers = num_workers
         self.rank, self.world_size = rank, world_size
-        self.source: SampleSource | MixtureSource
-        if plan.format == "mixture":
-            self.source = MixtureSource(
-                plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
-            )
-        else:
-            self.source = SampleSource(
-                plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
-            )
+        self.source = open_source(
+            plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
+        )
         self.drop_remainder = drop_remainder
         self.schedule: Schedule = self._schedule(0)
         self.epoch = 0
@@ -94,13 +88,8 @@ class Loader:
         return self.source.ledger
 
     def _schedule(self, epoch: int) -> Schedule:
-        records = (
-            self.source.epoch_length(self.plan.seed, epoch)
-            if isinstance(self.source, MixtureSource)
-            else len(self.source)
-        )
         return plan_schedule(
-            records,
+            self.source.epoch_length(self.plan.seed, epoch),
             rank=self.rank,
             world_size=self.world_size,
             batch_size=self.batch_size,
@@ -108,15 +97,11 @@ class Loader:
             name=self.plan.name,
         )
 
-    def _view(self, epoch: int) -> EpochView | MixtureView:
-        if isinstance(self.source, MixtureSource):
-            return MixtureView(self.source, self.schedule, seed=self.plan.seed, epoch=epoch, shuffle=self.shuffle)
-        return EpochView(self.source, self.schedule, seed=self.plan.seed, epoch=epoch, shuffle=self.shuffle)
-
     def __iter__(self) -> Iterator[Any]:
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
-            outputs = self._batches(BatchView(self._view(self.epoch)), self.batch)
+            view = self.source.view(self.schedule, seed=self.plan.seed, epoch=self.epoch, shuffle=self.shuffle)
+            outputs = self._batches(BatchView(view), self.batch)
             try:
                 for _ in range(self.batch, self.schedule.batches):
                     output = next(outputs, None)
