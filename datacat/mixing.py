@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from datacat.epochs import Schedule, epoch_key
-from datacat.errors import DatacatError, OptionError
-from datacat.pipeline import EpochView, SampleSource
+from datacat.errors import OptionError
+from datacat.pipeline import EpochView, Fetched, SampleSource, finish
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
-from datacat.transforms.ledger import Ledger, error_marker
+from datacat.transforms.ledger import Ledger
 
 __all__ = ["MixtureSource", "MixtureView", "draw_sequence", "open_source"]
 
@@ -186,16 +186,30 @@ class MixtureView:
                 self._views.pop(next(iter(self._views)))
         return self._views[key]
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        try:
+    @property
+    def random_access(self) -> bool:
+        return self.source.random_access
+
+    def fetch(self, indices: Sequence[int]) -> list[Fetched]:
+        """The raw records at ``indices``, each component's read at once."""
+        wanted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for slot, index in enumerate(indices):
             component, k = self.locate(index)
             size = self.source.sizes[component]
-            output = self._component_view(component, k // size)[k % size]
-        except (DatacatError, FileNotFoundError, OSError, IndexError) as exc:
-            return error_marker(exc)
-        if "__bad__" not in output and "__error__" not in output:
-            output["component"] = self.source.components[component].plan.name
-        return output
+            wanted.setdefault((component, k // size), []).append((slot, k % size))
+        out: list[Fetched | None] = [None] * len(indices)
+        for (component, round_), pairs in wanted.items():
+            view = self._component_view(component, round_)
+            for (slot, _), fetched in zip(pairs, view.fetch([k for _, k in pairs]), strict=True):
+                out[slot] = fetched
+        return [f for f in out if f is not None]
+
+    def finish(self, fetched: Sequence[Fetched]) -> list[dict[str, Any]]:
+        """Samples (or markers) of fetched records, each naming its component."""
+        return finish(fetched, component=True)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.finish(self.fetch([index]))[0]
 
 
 def open_source(

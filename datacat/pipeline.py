@@ -12,6 +12,8 @@ read from.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,7 +29,7 @@ from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform
 
-__all__ = ["BatchView", "EpochView", "SampleSource", "collate_numpy", "selected_range"]
+__all__ = ["BatchView", "EpochView", "Fetched", "SampleSource", "collate_numpy", "finish", "selected_range"]
 
 _READ_AHEAD = 256
 
@@ -72,7 +74,7 @@ class SampleSource:
     @property
     def random_access(self) -> bool:
         """Whether records can be read by position (``len`` and ``sample``)."""
-        return hasattr(self.reader, "item")
+        return bool(getattr(self.reader, "random_access", False))
 
     def __len__(self) -> int:
         return len(self.selection())
@@ -120,10 +122,22 @@ class SampleSource:
         except ValueError as exc:  # RecordError is a ValueError too
             return bad_marker(BadSample(self.plan.name, item.shard, item.key, str(exc)))
 
+    def outcome(self, item: RawItem | BaseException, position: int, *, epoch: int = 0) -> dict[str, Any]:
+        """The sample of a fetched record, or a marker: a bad sample (a record that cannot be parsed) or an error."""
+        if isinstance(item, ValueError):  # RecordError too
+            return bad_marker(BadSample(self.plan.name, "", f"record {position}", str(item)))
+        if isinstance(item, BaseException):
+            return error_marker(item)
+        return self.process(item, epoch=epoch)
+
     def sample(self, index: int, *, epoch: int = 0) -> dict[str, Any] | None:
         """The sample at selected position ``index``, or None when the skip policy dropped it."""
-        item = self.reader.item(self.selection()[index])
-        return self.ledger.admit(self.process(item, epoch=epoch))
+        position = self.selection()[index]
+        try:
+            (item,) = self.reader.items([position])
+        except (DatacatError, OSError) as exc:
+            item = exc
+        return self.ledger.admit(self.outcome(item, position, epoch=epoch))
 
     def iter_samples(self, shards: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
         """The samples of ``shards`` (default all, in order), selection and policy applied."""
@@ -199,6 +213,14 @@ class EpochView:
     def image_size(self) -> int:
         return self.source.plan.loading.image_size
 
+    @property
+    def random_access(self) -> bool:
+        return self.source.random_access
+
+    def finish(self, fetched: Sequence[Fetched]) -> list[dict[str, Any]]:
+        """Samples (or markers) of fetched records."""
+        return finish(fetched)
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None, "_ahead": {}, "_lock": None}
 
@@ -221,14 +243,24 @@ class EpochView:
         return self.offsets[shard] + begin + offset
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        try:
-            item = self._item(index)
-        except (DatacatError, FileNotFoundError) as exc:
-            return error_marker(exc)
-        except Exception as exc:  # a storage client's own error types; named here, raised in the main process
-            context = f"reading record {self.position(index)} of {self.source.plan.name}"
-            return error_marker(ShardError(f"{type(exc).__name__} while {context}: {exc}"))
-        return self.source.process(item, epoch=self.epoch)
+        return finish(self.fetch([index]))[0]
+
+    def fetch(self, indices: Sequence[int]) -> list[Fetched]:
+        """The raw records at ``indices`` of this slice (a random-access batch in one concurrent read), or their errors."""
+        if self.source.random_access:
+            positions = [self.position(i) for i in indices]
+            try:
+                items: list[RawItem | BaseException] = list(self.source.reader.items(positions))
+            except (DatacatError, OSError) as exc:  # the shard cannot be opened: every record of it fails alike
+                items = [exc] * len(positions)
+            return [(self, item, position) for item, position in zip(items, positions, strict=True)]
+        out: list[Fetched] = []
+        for index in indices:
+            try:
+                out.append((self, self._item(index), self.position(index)))
+            except (DatacatError, OSError) as exc:
+                out.append((self, exc, self.position(index)))
+        return out
 
     def _item(self, index: int) -> RawItem:
         if self.source.random_access:
@@ -260,20 +292,43 @@ class EpochView:
             return item
 
 
+Fetched = tuple[EpochView, "RawItem | BaseException", int]
+"""A record as fetched: the view it belongs to, its raw item (or why it could not be read), its position."""
+
+
+def finish(fetched: Sequence[Fetched], component: bool = False) -> list[dict[str, Any]]:
+    """Each fetched record as a sample, or a marker for the main process's ledger (bad sample or error)."""
+    out = []
+    for view, item, position in fetched:
+        output = view.source.outcome(item, position, epoch=view.epoch)
+        if component and not is_marker(output):
+            output["component"] = view.source.plan.name
+        out.append(output)
+    return out
+
+
 class BatchView:
     """One rank's batches of one epoch, by batch index: what a worker process computes whole.
 
-    ``view[b]`` reads and transforms the records of batch ``b`` (its slice
-    of the schedule) and returns ``{"batch": ..., "marks": [...]}``: the good
-    samples in order, collated to numpy arrays, and the markers of bad ones
-    or errors, for the main process's ledger. Never raises.
+    ``view[b]`` reads the records of batch ``b`` (its slice of the schedule)
+    in one concurrent fetch, transforms them, and returns ``{"batch": ...,
+    "marks": [...]}``: the good samples in order, collated to numpy arrays,
+    and the markers of bad ones or errors, for the main process's ledger.
+    While a batch decodes, the next ``read_ahead`` batches this process
+    will ask for (the stride of its last two requests) are fetched in a
+    thread, so storage latency hides behind the CPU work. Never raises for
+    data: errors travel as markers.
     """
 
-    def __init__(self, view: EpochView | Any) -> None:
+    def __init__(self, view: EpochView | Any, *, read_ahead: int = 2) -> None:
         self.view = view  # an EpochView, or a mixing.MixtureView: the same contract
         self.image_size = view.image_size
-        sizes = view.schedule.batch_sizes
-        self.starts = cumulative(sizes)
+        self.starts = cumulative(view.schedule.batch_sizes)
+        self.read_ahead = read_ahead if getattr(view, "random_access", False) else 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._pending: dict[int, concurrent.futures.Future[list[Fetched]]] = {}
+        self._last: int | None = None
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -281,11 +336,34 @@ class BatchView:
     def __repr__(self) -> str:
         return f"BatchView({self.view!r}, batches={len(self)})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None, "_pid": 0, "_pending": {}, "_last": None}
+
+    def _fetch(self, batch: int) -> list[Fetched]:
+        fetched: list[Fetched] = self.view.fetch(range(self.starts[batch], self.starts[batch + 1]))
+        return fetched
+
+    def _read_ahead(self, batch: int) -> None:
+        if not self.read_ahead:
+            return
+        if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
+            self._pool, self._pid, self._pending = concurrent.futures.ThreadPoolExecutor(1), os.getpid(), {}
+        stride = batch - self._last if self._last is not None and batch > self._last else 1
+        self._last = batch
+        for stale in [b for b in self._pending if b <= batch]:
+            self._pending.pop(stale).cancel()
+        for k in range(1, self.read_ahead + 1):
+            ahead = batch + k * stride
+            if ahead < len(self) and ahead not in self._pending:
+                self._pending[ahead] = self._pool.submit(self._fetch, ahead)
+
     def __getitem__(self, batch: int) -> dict[str, Any]:
+        future = self._pending.pop(batch, None) if self._pid == os.getpid() else None
+        fetched = future.result() if future is not None else self._fetch(batch)
+        self._read_ahead(batch)
         samples: list[dict[str, Any]] = []
         marks: list[dict[str, Any]] = []
-        for index in range(self.starts[batch], self.starts[batch + 1]):
-            output = self.view[index]
+        for output in self.view.finish(fetched):
             (marks if is_marker(output) else samples).append(output)
         return {"batch": collate_numpy(samples, self.image_size), "marks": marks}
 

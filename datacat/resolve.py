@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from datacat.catalog import Catalog, EntrySource, load_catalog
 from datacat.errors import OptionError, ShardError
 from datacat.interpolate import interpolate, interpolate_all
+from datacat.manifest import load_manifest, manifest_key
 from datacat.registry import FORMATS
 from datacat.rules import is_glob, shard_names
 from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Record
@@ -82,6 +83,8 @@ class Plan(_Frozen):
     source: str = ""
     overrides: tuple[str, ...] = ()
 
+    manifest: str = ""
+    """The key of this shard set's manifest in the cache (see :mod:`datacat.manifest`)."""
     from_holdout: bool = False
     """A ``validation`` split read from the head of the train shards (no split of its own)."""
 
@@ -103,10 +106,23 @@ class Plan(_Frozen):
         return hashlib.sha256(json.dumps(self._identity(), sort_keys=True).encode()).hexdigest()[:16]
 
     def _identity(self) -> dict[str, Any]:
-        # Where the catalog file was read from, and how it was shown, do not change the data.
+        # Where the catalog file was read from, and how it was shown, do not change the data; nor do record
+        # counts, which a manifest may supply on one run and reading the shards on another (a loader's state
+        # carries the epoch's length and checks it instead).
         data = self.model_dump(
-            mode="json", exclude={"storage_options_shown", "source", "overrides", "components", "images"}
+            mode="json",
+            exclude={
+                "storage_options_shown",
+                "source",
+                "overrides",
+                "components",
+                "images",
+                "manifest",
+                "samples",
+                "samples_exact",
+            },
         )
+        data["shards"] = [(s["name"], s["url"]) for s in data["shards"]]
         data["components"] = [(c.weight, c.plan._identity()) for c in self.components]
         data["images"] = self.images._identity() if self.images is not None else None
         return data
@@ -181,12 +197,18 @@ def _resolve(
     base, storage_options = _base_url(location, source, root, env)
     names = [] if is_glob(location.shards) else shard_names(location)
     missing = _missing_names(location, names)
-    per_shard = (entry.totals.per_shard or {}) if train_shards else {}
+    key = manifest_key(entry.format, base, location.shards, tuple(sorted(missing)))
+    manifest = load_manifest(key)
+    known = {} if manifest is None else {n: f.records for n, f in manifest.shards.items()}
+    per_shard = {**known, **((entry.totals.per_shard or {}) if train_shards else {})}
     shards = [Shard(name=n, url=_join(base, n), samples=per_shard.get(n)) for n in names if n not in missing]
     glob = None
     if is_glob(location.shards):
         glob = _join(base, str(location.shards))
-        if list_shards:
+        if manifest is not None:  # listed before: the manifest's shards, no listing now
+            shards = [Shard(name=f.name, url=f.url, samples=f.records) for f in manifest.shards.values()]
+            glob = None
+        elif list_shards:
             shards = _list_glob(glob, storage_options)
             glob = None
     exact = bool(shards) and train_shards and all(s.samples is not None for s in shards)
@@ -215,6 +237,7 @@ def _resolve(
         samples_exact=exact,
         bytes=entry.totals.bytes if train_shards else None,
         from_holdout=from_holdout,
+        manifest=key,
         embeddings=entry.embeddings,
         images=images,
         storage_options=storage_options,

@@ -10,10 +10,11 @@ SHARED_DATA = SHARED / "data"
 
 
 @pytest.fixture(autouse=True)
-def _isolated_catalog_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests see only the catalogs they name, whatever the developer's shell exports."""
+def _isolated_catalog_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests see only the catalogs they name, whatever the developer's shell exports, and a cache of their own."""
     monkeypatch.delenv("DATACAT_CATALOG", raising=False)
     monkeypatch.delenv("DATACAT_ROOT", raising=False)
+    monkeypatch.setenv("DATACAT_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture
@@ -47,25 +48,18 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 @pytest.fixture(scope="session")
 def gcs_emulator():
-    """A real GCS emulator (gcp-storage-emulator) on 127.0.0.1, in this process; yields its URL."""
-    server_module = pytest.importorskip(
-        "gcp_storage_emulator.server", reason="needs gcp-storage-emulator (the [test] extra)"
-    )
-    import socket
+    """A real GCS emulator (gcp-storage-emulator, threaded, suffix ranges as GCS serves them) on 127.0.0.1; yields its URL."""
+    pytest.importorskip("gcp_storage_emulator.server", reason="needs gcp-storage-emulator (the [test] extra)")
+    from storage_servers import Emulator
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = server_module.create_server("127.0.0.1", port, in_memory=True)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
+    emulator = Emulator().start()
     saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "CLOUD_STORAGE_EMULATOR_ENDPOINT")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url  # gcsfs
-    os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = url  # array_record's own C++ GCS client
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.url  # gcsfs
+    os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = emulator.url  # array_record's own C++ GCS client
     try:
-        yield url
+        yield emulator.url
     finally:
-        server.stop()
+        emulator.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

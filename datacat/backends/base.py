@@ -147,6 +147,7 @@ class Loader:
             "drop_remainder": self.drop_remainder,
             "shuffle": self.shuffle,
             "num_workers": self.num_workers,
+            "records": self.schedule.records,
             "ledger": self.source.ledger.state(),
             "backend": self._backend_state(),
         }
@@ -167,6 +168,11 @@ class Loader:
             for key in ("fingerprint", "rank", "world_size", "batch_size", "drop_remainder", "shuffle")
             if state.get(key) != mine[key]
         ]
+        schedule = self._schedule(int(state["epoch"]))
+        if state.get("records", schedule.records) != schedule.records:
+            differences.append(
+                f"records in epoch {state['epoch']}: saved {state['records']}, this loader {schedule.records}"
+            )
         if not self.source.random_access and state.get("num_workers") != self.num_workers:
             differences.append(
                 f"num_workers: saved {state.get('num_workers')}, this loader {self.num_workers} (a stream format's order depends on it)"
@@ -178,7 +184,6 @@ class Loader:
             )
         if differences:
             log.warning("loading a state saved for a different loader: %s", "; ".join(differences))
-        schedule = self._schedule(int(state["epoch"]))
         if not 0 <= int(state["batch"]) <= schedule.batches:
             raise PlanMismatch(
                 f"saved batch {state['batch']} is outside this loader's {schedule.batches} batches in that epoch"

@@ -10,18 +10,25 @@ the first time this process reads from it.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import dataclasses
 import itertools
+import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 # The C++ reader (it also reads gs:// itself); only array_record entries need it.
 from array_record.python import array_record_data_source, array_record_module
 
-from datacat.errors import ShardError
+from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, record_caption
 from datacat.formats.packed import unpack_pre_resized, unpack_record
+from datacat.formats.storage import is_remote, with_retries
+from datacat.manifest import Manifest, ShardFacts, load_manifest, save_manifest
 from datacat.resolve import Plan
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ArrayRecordReader", "count_records", "opened_here"]
 
@@ -80,6 +87,18 @@ def count_records(url: str) -> int:
         reader.close()
 
 
+def _remember_counts(plan: Plan, counts: Sequence[int | None]) -> None:
+    # Counted once, kept in the cache's manifest: the next open (and describe) reads no footer.
+    manifest = load_manifest(plan.manifest) or Manifest(plan.manifest, plan.name, plan.root, {})
+    for shard, n in zip(plan.shards, counts, strict=True):
+        if n is not None and shard.name not in manifest.shards:
+            manifest.shards[shard.name] = ShardFacts(shard.name, int(n), url=shard.url)
+    try:
+        save_manifest(manifest)
+    except OSError as exc:
+        log.warning("cannot write the manifest of %s: %s", plan.name, exc)
+
+
 def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
     """Raises unless fsspec can see remote ``url``: array_record's own GCS client would retry for minutes."""
     import fsspec  # remote shards only
@@ -97,20 +116,29 @@ def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
 
 
 class ArrayRecordReader:
-    """Records of ArrayRecord shards by global index, shards in plan order."""
+    """Records of ArrayRecord shards by global index, shards in plan order, a batch's records read at once."""
+
+    random_access = True
 
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
-        if self.urls and "://" in self.urls[0] and not self.urls[0].startswith("file://"):
-            check_reachable(self.urls[0], dict(plan.storage_options))
+        self.storage_options = dict(plan.storage_options)
+        if self.urls and is_remote(self.urls[0]):
+            check_reachable(self.urls[0], self.storage_options)
         self.record = plan.record
         self.declared = tuple(s.samples for s in plan.shards)
-        counts = [n if n is not None else count_records(url) for url, n in zip(self.urls, self.declared, strict=True)]
-        self.counts = tuple(counts)
-        self.offsets = tuple(itertools.accumulate(counts, initial=0))
+        counts = list(self.declared)
+        uncounted = [i for i, n in enumerate(counts) if n is None]
+        if uncounted:  # no per_shard and no manifest: read each footer once, all at once
+            with concurrent.futures.ThreadPoolExecutor(min(16, len(uncounted))) as pool:
+                for i, n in zip(uncounted, pool.map(count_records, [self.urls[i] for i in uncounted]), strict=True):
+                    counts[i] = n
+            _remember_counts(plan, counts)
+        self.counts = tuple(int(n or 0) for n in counts)
+        self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
         self.source = array_record_data_source.ArrayRecordDataSource(
-            [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, counts, strict=True)]
+            [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, self.counts, strict=True)]
         )
         self._checked: set[int] = set()
 
@@ -132,32 +160,74 @@ class ArrayRecordReader:
         shard = bisect.bisect_right(self.offsets, index) - 1
         return shard, index - self.offsets[shard]
 
+    def items(self, indices: Sequence[int]) -> list[RawItem | Exception]:
+        """The raw records at global ``indices``, read concurrently (array_record reads each shard's in parallel).
+
+        A record that cannot be read is returned as its error: a damaged
+        chunk is a ``RecordError`` for the bad-sample policy, a shard that
+        cannot be opened a ``ShardError``.
+        """
+        where = [self.locate(i) for i in indices]
+        _note_opened()  # the data source opens its readers on these reads
+        try:
+            for shard in {s for s, _ in where} - self._checked:
+                self._open_shard(shard)
+            payloads: list[bytes | Exception] = list(
+                with_retries(lambda: self.source.__getitems__(list(indices)), self.urls[where[0][0]] if where else "")
+            )
+        except (ShardError, FileNotFoundError):
+            raise
+        except Exception:  # some record of the batch is damaged: read them one by one to find which
+            payloads = [self._read_one(i, shard, position) for i, (shard, position) in zip(indices, where, strict=True)]
+        return [
+            data
+            if isinstance(data, Exception)
+            else RawItem(f"{os.path.basename(self.urls[shard])}:{position}", self.urls[shard], index, data)
+            for index, (shard, position), data in zip(indices, where, payloads, strict=True)
+        ]
+
     def item(self, index: int) -> RawItem:
         """The raw bytes of global record ``index``."""
-        shard, position = self.locate(index)
-        if shard not in self._checked:
-            _note_opened()  # the data source opens its reader on this first read
-            self._check_shard(shard)
+        (result,) = self.items([index])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _read_one(self, index: int, shard: int, position: int) -> bytes | Exception:
         try:
-            data = self.source[index]
+            return with_retries(lambda: self.source[index], self.urls[shard])  # type: ignore[no-any-return]
+        except (ShardError, FileNotFoundError) as exc:
+            return exc
         except Exception as exc:  # the C++ reader's errors carry only a status text
-            raise ShardError(f"cannot read record {position} of ArrayRecord shard {self.urls[shard]}: {exc}") from exc
-        return RawItem(f"{os.path.basename(self.urls[shard])}:{position}", self.urls[shard], index, data)
+            return RecordError(f"record {position} of ArrayRecord shard {self.urls[shard]} cannot be read: {exc}")
 
     def iter_shard(self, shard: int) -> Any:
         """The raw records of one shard in order (the stream view of a random-access source)."""
         for index in range(self.offsets[shard], self.offsets[shard + 1]):
             yield self.item(index)
 
-    def _check_shard(self, shard: int) -> None:
-        declared = self.declared[shard]
-        if declared is not None:
-            actual = count_records(self.urls[shard])
-            if actual != declared:
-                raise ShardError(
-                    f"ArrayRecord shard {self.urls[shard]} has {actual} records, the catalog declares {declared}; "
-                    "correct totals.per_shard or re-copy the shard"
-                )
+    def _open_shard(self, shard: int) -> None:
+        # The data source opens the shard's reader on its first read; open it here to say which shard
+        # fails, and compare its real count with the declared one (one footer read, by the reader kept).
+        url = self.urls[shard]
+        idx = self.source._reader_idx_and_position(self.offsets[shard])[0]
+        try:
+            with_retries(lambda: self.source._ensure_reader_exists(idx), url)
+        except (ShardError, FileNotFoundError):
+            raise
+        except Exception:  # the data source's own open failed: _open says why, naming the shard
+            _open(url).close()
+            raise
+        reader = self.source._readers[idx]
+        if not reader.ok():
+            self.source._readers[idx] = None
+            _open(url).close()  # raises, naming the shard and the reason
+        actual = int(reader.num_records())
+        if actual != self.counts[shard]:
+            raise ShardError(
+                f"ArrayRecord shard {url} has {actual} records, the catalog declares {self.counts[shard]}; "
+                "correct totals.per_shard or re-copy the shard"
+            )
         self._checked.add(shard)
 
     def parse(self, item: RawItem) -> dict[str, Any]:

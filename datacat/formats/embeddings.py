@@ -33,7 +33,7 @@ class EmbeddingsReader:
             raise ShardError(f"{plan.name}: an embeddings entry needs embeddings.images, the entry of its tar shards")
         self.name = plan.name
         self.spec = plan.embeddings
-        self.images = WebDatasetReader(plan.images)
+        self.images = WebDatasetReader(plan.images, index=False)  # read shard by shard, aligned with the files
         self.storage_options = dict(plan.storage_options)
         self.files = {self._number(s.name, self.spec.prefix): s.url for s in plan.shards}
         # Shard i of this entry (its records counted in plan.shards[i]) is read from tar shard i: they must pair up.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem, record_caption
-from datacat.formats.storage import read_bytes
+from datacat.formats.storage import read_many
 from datacat.resolve import Plan
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFolderReader"]
@@ -19,6 +20,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
 class ImageFolderReader:
     """Images under each shard folder (recursively, sorted), by global index."""
+
+    random_access = True
 
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
@@ -44,23 +47,34 @@ class ImageFolderReader:
     def __len__(self) -> int:
         return len(self.files)
 
+    def items(self, indices: Sequence[int]) -> list[RawItem | Exception]:
+        """The images at ``indices`` with their caption files, all fetched concurrently."""
+        urls = [self.files[i][1] for i in indices]
+        captions = [posixpath.splitext(u)[0] + ".txt" for u in urls]
+        wanted = [c for c in captions if c in self.caption_files]
+        fetched = read_many(urls + wanted, self.storage_options)
+        texts = dict(zip(wanted, fetched[len(urls) :], strict=True))
+        out: list[RawItem | Exception] = []
+        for index, url, data, caption_url in zip(indices, urls, fetched[: len(urls)], captions, strict=True):
+            text = texts.get(caption_url)
+            problem = data if isinstance(data, Exception) else text if isinstance(text, Exception) else None
+            if problem is not None:
+                out.append(problem)
+                continue
+            folder = self.files[index][0]
+            key = posixpath.splitext(posixpath.relpath(url, folder.rstrip("/")))[0]
+            out.append(RawItem(key, folder, index, (data, text)))
+        return out
+
     def item(self, index: int) -> RawItem:
-        """The path of image ``index``; bytes are read when parsed."""
-        folder, url = self.files[index]
-        key = posixpath.splitext(posixpath.relpath(url, folder.rstrip("/")))[0]
-        return RawItem(key, folder, index, url)
+        """Image ``index`` and its caption file."""
+        (result,) = self.items([index])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def parse(self, item: RawItem) -> dict[str, Any]:
         """The record of one image file: its bytes and the caption file beside it, if any."""
-        url: str = item.payload
-        caption_url = posixpath.splitext(url)[0] + ".txt"
-        caption = None
-        if caption_url in self.caption_files:
-            caption = record_caption({caption_url: read_bytes(caption_url, self.storage_options)}, (caption_url,))
-        return {
-            "__key__": item.key,
-            "__shard__": item.shard,
-            "__uid__": item.uid,
-            "image": read_bytes(url, self.storage_options),
-            "caption": caption,
-        }
+        image, text = item.payload
+        caption = None if text is None else record_caption({"txt": text}, ("txt",))
+        return {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid, "image": image, "caption": caption}

@@ -11,11 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
-from datacat.errors import ShardError
+from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, record_caption
-from datacat.formats.storage import read_bytes
+from datacat.formats.storage import read_bytes, read_many
 from datacat.resolve import Plan
 
 __all__ = ["ImageListReader", "read_table"]
@@ -52,6 +53,8 @@ def read_table(url: str, storage_options: dict[str, Any], columns: list[str]) ->
 class ImageListReader:
     """Images named by table rows, by global index over all tables in plan order."""
 
+    random_access = True
+
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
         self.storage_options = dict(plan.storage_options)
@@ -70,24 +73,44 @@ class ImageListReader:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def item(self, index: int) -> RawItem:
-        """Row ``index`` of the tables."""
-        table, row_number, row = self.rows[index]
-        return RawItem(f"{posixpath.basename(table)}:{row_number}", table, index, row)
+    def items(self, indices: Sequence[int]) -> list[RawItem | Exception]:
+        """Rows ``indices`` of the tables with the images they name, fetched concurrently."""
+        rows = [self.rows[i] for i in indices]
+        paths = [self._path(table, row) for table, _, row in rows]
+        fetched = read_many([p for p in paths if p], self.storage_options)
+        images = iter(fetched)
+        out: list[RawItem | Exception] = []
+        for index, (table, row_number, row), path in zip(indices, rows, paths, strict=True):
+            key = f"{posixpath.basename(table)}:{row_number}"
+            data = (
+                next(images)
+                if path
+                else RecordError(f"{table} row {row_number}: no image path in column {self.record.image!r}")
+            )
+            if isinstance(data, FileNotFoundError):
+                data = RecordError(f"image {path} listed in {table} (row {row_number}) does not exist")
+            out.append(data if isinstance(data, Exception) else RawItem(key, table, index, (row, data)))
+        return out
 
-    def parse(self, item: RawItem) -> dict[str, Any]:
-        """The record of one row: the image it names, read now, and its caption and label."""
-        row, record = item.payload, self.record
-        path = row.get(record.image)
+    def item(self, index: int) -> RawItem:
+        """Row ``index`` of the tables, with its image."""
+        (result,) = self.items([index])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _path(self, table: str, row: dict[str, Any]) -> str | None:
+        path = row.get(str(self.record.image))
         if not path:
-            raise ValueError(f"row has no image path in column {record.image!r}")
+            return None
         path = str(path)
         if "://" not in path and not path.startswith("/"):
-            path = posixpath.join(posixpath.dirname(item.shard), path)
-        try:
-            image = read_bytes(path, self.storage_options)
-        except FileNotFoundError:
-            raise ValueError(f"image {path} listed in {item.shard} does not exist") from None
+            path = posixpath.join(posixpath.dirname(table), path)
+        return path
+
+    def parse(self, item: RawItem) -> dict[str, Any]:
+        """The record of one row: the image it names, its caption and label."""
+        (row, image), record = item.payload, self.record
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid, "image": image}
         out["caption"] = record_caption(row, (record.caption,)) if record.caption else None
         if record.label and row.get(record.label) is not None:

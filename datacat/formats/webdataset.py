@@ -9,24 +9,49 @@ is a format problem rather than two samples silently merged.
 
 from __future__ import annotations
 
+import bisect
+import concurrent.futures
 import gzip
+import hashlib
 import io
+import itertools
 import json
+import logging
+import os
 import re
 import tarfile
-from collections.abc import Iterable, Iterator
+import threading
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, record_caption
-from datacat.formats.storage import open_url
+from datacat.formats.storage import is_remote, open_url, read_ranges
+from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
 from datacat.resolve import Plan
 
-__all__ = ["WebDatasetReader", "decode_member", "group_by_key", "split_key", "tar_members"]
+__all__ = [
+    "WebDatasetReader",
+    "check_archive_end",
+    "decode_member",
+    "group_by_key",
+    "member_spans",
+    "sample_of_span",
+    "split_key",
+    "tar_members",
+]
+
+log = logging.getLogger(__name__)
 
 _KEY = re.compile(r"^((?:.*/|)[^./][^/]*?)\.([^/]*)$")
+
+
+def _index_dir() -> Path:
+    return cache_dir() / "tar-index"
 
 
 def split_key(path: str) -> tuple[str, str] | None:
@@ -42,10 +67,55 @@ def split_key(path: str) -> tuple[str, str] | None:
     return key, (f"{rest}.{ext}" if dot else ext).lower()
 
 
+class _Tail:
+    """A read-only stream that counts the bytes read and keeps the last ones, to look behind tarfile."""
+
+    KEEP = 1 << 16
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw, self.pos, self.tail = raw, 0, b""
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.pos += len(data)
+        self.tail = (self.tail + data)[-self.KEEP :] if len(data) < self.KEEP else data[-self.KEEP :]
+        return data
+
+
+def check_archive_end(after: bytes, rest: Any, offset: int, url: str) -> None:
+    """Raises unless the bytes from ``offset`` (``after``, then the rest of the stream) are an end-of-archive.
+
+    ``tarfile`` ends its member list quietly at a damaged header or at a
+    member boundary cut short; a shard must end with zero blocks at its end
+    of file instead, so such a shard is an error naming the byte.
+    """
+    seen = len(after)
+    chunk = after
+    while True:
+        stray = len(chunk) - len(chunk.lstrip(b"\0"))
+        if stray != len(chunk):
+            at = offset + seen - len(chunk) + stray
+            raise ShardError(
+                f"shard {url} is damaged at byte {at}: the tar's member list ends there but its data goes on "
+                "(a corrupt header, or a file that is not a tar). Re-copy the shard, or add it to the entry's missing list"
+            )
+        chunk = rest.read(1 << 20)
+        if not chunk:
+            break
+        seen += len(chunk)
+    if seen < 1024:
+        raise ShardError(
+            f"shard {url} is truncated at byte {offset + seen}: it ends without the tar end-of-archive blocks. "
+            "Re-copy the shard, or add it to the entry's missing list"
+        )
+
+
 def tar_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
-    """(path, bytes) of each regular file in a plain or compressed tar stream, in order."""
+    """(path, bytes) of each regular file in a plain or compressed tar stream, in order, to its proper end."""
+    tail = _Tail(stream)
     try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        with tarfile.open(fileobj=tail, mode="r|*") as tar:  # type: ignore[call-overload]
+            compressed = getattr(tar.fileobj, "comptype", "tar") != "tar"
             for info in tar:
                 if not info.isfile():
                     continue
@@ -53,8 +123,101 @@ def tar_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
                 if handle is None:
                     continue
                 yield info.name, handle.read()
-    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile, ValueError) as exc:
+            if compressed:  # the bytes tarfile read past are decompressed out of sight; check what follows
+                check_archive_end(b"\0" * 1024, tar.fileobj, tar.offset, url)
+            else:
+                behind = tail.pos - tar.offset
+                check_archive_end(tail.tail[-behind:] if behind > 0 else b"", tail, tar.offset, url)
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile, ValueError, zlib.error) as exc:
         raise ShardError(f"shard {url} is not a readable tar (or is truncated): {exc}") from exc
+
+
+def member_spans(stream: IO[bytes], url: str, *, seekable: bool = False) -> tuple[np.ndarray, bool]:
+    """The byte span ``[start, end)`` of each sample of a tar shard (headers included), and whether it is compressed.
+
+    A sample's span runs from its first member's header to the end of its
+    last member's data, so reading that span alone gives a small tar of
+    the sample. A compressed shard has no byte spans (it cannot be read by
+    range): it gives an empty array and True.
+    """
+    head = stream.read(2)
+    if head[:2] == b"\x1f\x8b":
+        return np.zeros((0, 2), np.int64), True
+    stream.seek(0) if seekable else None
+    raw: Any = stream if seekable else _Prefixed(head, stream)
+    tail = _Tail(raw) if not seekable else None
+    spans: list[tuple[int, int]] = []
+    done: set[str] = set()
+    key: str | None = None
+    exts: set[str] = set()
+    try:
+        with tarfile.open(fileobj=tail or raw, mode="r:" if seekable else "r|") as tar:  # type: ignore[call-overload]
+            for info in tar:
+                split = split_key(info.name) if info.isfile() else None
+                if split is None:
+                    continue
+                member_key, ext = split
+                end = info.offset_data + -(-info.size // 512) * 512
+                if member_key != key:
+                    if key is not None:
+                        done.add(key)
+                    if member_key in done:
+                        raise RecordError(
+                            f"shard {url}: key {member_key!r} appears again after other keys; members of a sample must be adjacent"
+                        )
+                    key, exts = member_key, set()
+                    spans.append((info.offset, end))
+                else:
+                    spans[-1] = (spans[-1][0], end)
+                if ext in exts:
+                    raise RecordError(f"shard {url}: key {member_key!r} has member .{ext} twice")
+                exts.add(ext)
+            if tail is not None:
+                behind = tail.pos - tar.offset
+                check_archive_end(tail.tail[-behind:] if behind > 0 else b"", tail, tar.offset, url)
+            else:
+                stream.seek(tar.offset)
+                check_archive_end(b"", stream, tar.offset, url)
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        if isinstance(exc, RecordError):
+            raise
+        raise ShardError(f"shard {url} is not a readable tar (or is truncated): {exc}") from exc
+    return np.asarray(spans, dtype=np.int64).reshape(-1, 2), False
+
+
+class _Prefixed:
+    """A stream with bytes already read put back in front."""
+
+    def __init__(self, head: bytes, raw: IO[bytes]) -> None:
+        self.head, self.raw = head, raw
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.head:
+            return self.raw.read(size)
+        if size < 0:
+            data, self.head = self.head + self.raw.read(), b""
+            return data
+        data, self.head = self.head[:size], self.head[size:]
+        return data + self.raw.read(size - len(data)) if size > len(data) else data
+
+
+def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, bytes]]:
+    """(key, {extension: bytes}) of the one sample in the bytes of its span."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+            members = [(i.name, tar.extractfile(i).read()) for i in tar if i.isfile()]  # type: ignore[union-attr]
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise RecordError(
+            f"shard {url}: the sample at byte {start} cannot be read ({exc}); the shard changed since it was "
+            "indexed? Run `datacat verify` on the entry"
+        ) from None
+    samples = list(group_by_key(members, url))
+    if len(samples) != 1:
+        raise RecordError(
+            f"shard {url}: the span at byte {start} holds {len(samples)} samples, not 1; the shard changed since it "
+            "was indexed? Run `datacat verify` on the entry"
+        )
+    return samples[0]
 
 
 def group_by_key(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -107,16 +270,135 @@ def decode_member(ext: str, data: bytes) -> tuple[str, Any]:
 
 
 class WebDatasetReader:
-    """Samples of webdataset tar shards, one shard at a time."""
+    """Samples of webdataset tar shards: by global index through each shard's member spans, or shard by shard.
 
-    def __init__(self, plan: Plan) -> None:
+    Opening indexes every shard not yet in the cache's manifest (in
+    parallel, each shard read once in large blocks) so that a sample is one
+    byte range: tars are then random access like ArrayRecord, shuffled
+    record by record. A gzip-compressed shard cannot be read by range; an
+    entry with one is read shard by shard (``random_access`` False).
+    """
+
+    def __init__(self, plan: Plan, *, index: bool = True) -> None:
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
+        self.names = tuple(s.name for s in plan.shards)
         self.record = plan.record
         self.storage_options = dict(plan.storage_options)
+        self.declared = tuple(s.samples for s in plan.shards)
+        self.manifest_key = plan.manifest
+        self.index_files: tuple[str, ...] = ()
+        self.counts: tuple[int, ...] = ()
+        self.offsets: tuple[int, ...] = ()
+        self._spans: dict[int, np.ndarray] = {}
+        if index and self.urls:
+            self._index()
+
+    @property
+    def random_access(self) -> bool:
+        """Whether samples are read by index (every shard is a plain, indexed tar)."""
+        return bool(self.index_files)
 
     def __repr__(self) -> str:
-        return f"WebDatasetReader({self.name!r}, shards={len(self.urls)})"
+        return f"WebDatasetReader({self.name!r}, shards={len(self.urls)}, {'indexed' if self.random_access else 'streamed'})"
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_spans": {}}  # workers map the index files themselves
+
+    def _index(self) -> None:
+        manifest = load_manifest(self.manifest_key) or Manifest(self.manifest_key, self.name, "", {})
+        todo = [
+            i
+            for i, name in enumerate(self.names)
+            if (facts := manifest.shards.get(name)) is None
+            or facts.url != self.urls[i]
+            or (facts.index is None and not facts.compressed)
+            or (facts.index is not None and not (_index_dir() / facts.index).is_file())
+        ]
+        if todo:
+            log.info("%s: indexing %d tar shard(s) (once; cached in %s)", self.name, len(todo), cache_dir())
+            with concurrent.futures.ThreadPoolExecutor(min(16, len(todo))) as pool:
+                for i, facts in zip(todo, pool.map(self._index_shard, todo), strict=True):
+                    manifest.shards[self.names[i]] = facts
+            ordered = {n: manifest.shards[n] for n in self.names}
+            ordered.update({n: f for n, f in manifest.shards.items() if n not in ordered})
+            manifest.shards = ordered
+            try:
+                save_manifest(manifest)
+            except OSError as exc:  # a read-only cache costs the index again next time, nothing else
+                log.warning("cannot write the tar index manifest to %s: %s", cache_dir(), exc)
+        known = [manifest.shards[n] for n in self.names]
+        for url, declared, fact in zip(self.urls, self.declared, known, strict=True):
+            if declared is not None and declared != fact.records:
+                raise ShardError(
+                    f"tar shard {url} holds {fact.records} samples, the catalog declares {declared}: the shard is "
+                    "damaged or the entry is wrong; re-copy the shard or correct totals.per_shard"
+                )
+        self.counts = tuple(f.records for f in known)
+        self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
+        if not any(f.compressed for f in known):
+            self.index_files = tuple(str(f.index) for f in known)
+
+    def _index_shard(self, i: int) -> ShardFacts:
+        url = self.urls[i]
+        with open_url(url, self.storage_options) as stream:
+            size = int(stream.size) if hasattr(stream, "size") else os.fstat(stream.fileno()).st_size
+            spans, compressed = member_spans(stream, url, seekable=not is_remote(url))
+        if compressed:
+            records = sum(1 for _ in self.iter_shard(i))
+            return ShardFacts(self.names[i], records, url=url, bytes=size, compressed=True)
+        digest = hashlib.sha256(spans.tobytes() + url.encode()).hexdigest()[:24]
+        folder = _index_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{digest}.npy"
+        if not path.is_file():
+            tmp = folder / f".tmp-{digest}-{os.getpid()}-{threading.get_ident()}.npy"
+            np.save(tmp, spans)
+            os.replace(tmp, path)
+        return ShardFacts(self.names[i], len(spans), url=url, bytes=size, index=path.name)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, position in shard) of global sample ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} is outside 0..{len(self) - 1} of {self.name}")
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        return shard, index - self.offsets[shard]
+
+    def _span(self, shard: int, position: int) -> tuple[int, int]:
+        spans = self._spans.get(shard)
+        if spans is None:
+            spans = self._spans[shard] = np.load(_index_dir() / self.index_files[shard], mmap_mode="r")
+        start, end = spans[position]
+        return int(start), int(end)
+
+    def items(self, indices: Sequence[int]) -> list[RawItem | Exception]:
+        """The raw samples at global ``indices``, their byte spans fetched concurrently."""
+        where = [self.locate(i) for i in indices]
+        requests = [(self.urls[shard], *self._span(shard, position)) for shard, position in where]
+        out: list[RawItem | Exception] = []
+        for (shard, position), (url, start, _), data in zip(
+            where, requests, read_ranges(requests, self.storage_options), strict=True
+        ):
+            if isinstance(data, Exception):
+                out.append(data)
+                continue
+            try:
+                key, fields = sample_of_span(data, url, start)
+            except RecordError as exc:
+                out.append(exc)
+                continue
+            out.append(RawItem(key, url, (shard << 32) | position, fields))
+        return out
+
+    def item(self, index: int) -> RawItem:
+        """The raw sample at global ``index``."""
+        (result,) = self.items([index])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def iter_shard(self, index: int) -> Iterator[RawItem]:
         """The raw samples of shard ``index``, in the order of the tar."""

@@ -1,0 +1,104 @@
+"""What is known of a shard set after reading it once: names, records and bytes per shard, tar member spans.
+
+A manifest is a JSON file in the user cache dir (``$DATACAT_CACHE``, else
+``$XDG_CACHE_HOME/datacat``, else ``~/.cache/datacat``), keyed by the shard
+set it describes (format, base URL, shard pattern, missing shards), not by
+how it is loaded. ``datacat verify`` writes one; opening an entry writes
+the counts and tar spans it had to compute; ``describe``, ``count`` and
+``open`` use it, so a glob entry need not be listed and a tar need not be
+indexed again. Point ``DATACAT_CACHE`` at a shared folder to index once for
+many hosts. Plain data only: no numpy here (the core install has none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Manifest", "ShardFacts", "cache_dir", "load_manifest", "manifest_key", "save_manifest"]
+
+VERSION = 1
+
+
+def cache_dir() -> Path:
+    """The folder datacat caches manifests and tar indexes in."""
+    if env := os.environ.get("DATACAT_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "datacat"
+
+
+@dataclasses.dataclass
+class ShardFacts:
+    """One shard as last read: its records and bytes, a checksum if verified, its tar index file if any."""
+
+    name: str
+    records: int
+    url: str = ""
+    bytes: int | None = None
+    checksum: str | None = None
+    index: str | None = None
+    """File name (under the cache dir's ``tar-index``) of the shard's sample spans, int64 [records, 2]."""
+    compressed: bool = False
+
+
+@dataclasses.dataclass
+class Manifest:
+    """The facts of one shard set, by shard name, in shard order."""
+
+    key: str
+    entry: str
+    base: str
+    shards: dict[str, ShardFacts]
+    verified: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "key": self.key,
+            "entry": self.entry,
+            "base": self.base,
+            "verified": self.verified,
+            "shards": [dataclasses.asdict(f) for f in self.shards.values()],
+        }
+
+
+def manifest_key(fmt: str, base: str, shards: str | tuple[str, ...], missing: tuple[str, ...]) -> str:
+    """The key of a shard set: what names its files, nothing of how it is loaded."""
+    identity = json.dumps([fmt, base, shards, sorted(missing)], sort_keys=True)
+    return hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "manifests" / f"{key}.json"
+
+
+def load_manifest(key: str) -> Manifest | None:
+    """The manifest stored under ``key``, or None when there is none (or it is unreadable)."""
+    try:
+        data = json.loads(_path(key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("key") != key:
+        return None
+    try:
+        shards = {s["name"]: ShardFacts(**s) for s in data["shards"]}
+    except (KeyError, TypeError):
+        return None
+    return Manifest(key, str(data["entry"]), str(data["base"]), shards, bool(data.get("verified")))
+
+
+def save_manifest(manifest: Manifest) -> Path:
+    """Writes ``manifest`` atomically (a reader never sees half a file) and returns its path."""
+    path = _path(manifest.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(manifest.to_json(), f)
+    os.replace(tmp, path)
+    return path

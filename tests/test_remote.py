@@ -1,0 +1,103 @@
+"""gs:// shards over 1 MB through a proxy that injects faults: every record exactly once, retries reported.
+
+The emulator (tests/storage_servers.py) serves ranges as GCS does; the proxy
+in front of it answers 503 to 10 % of requests, cuts every large download
+once mid-body and resets some ranged reads. Each framework and format must
+still deliver every record of an epoch exactly once, the same keys as the
+local copy, and say how many retries it made.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import make_array_record, make_tar
+from PIL import Image
+
+import datacat
+
+SHARDS, PER_SHARD = 3, 20
+
+
+def _noisy_jpeg(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(160, 200, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=95)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from datacat.formats.packed import pack_record
+
+    folder = tmp_path_factory.mktemp("remote")
+    (folder / "tar").mkdir()
+    (folder / "ar").mkdir()
+    for shard in range(SHARDS):
+        keys = [f"{shard:02d}{i:04d}" for i in range(PER_SHARD)]
+        images = {k: _noisy_jpeg(int(k)) for k in keys}
+        make_tar(
+            folder / "tar" / f"{shard:04d}.tar",
+            [m for k in keys for m in ((f"{k}.jpg", images[k]), (f"{k}.txt", f"caption {k}".encode()))],
+        )
+        make_array_record(
+            folder / "ar" / f"{shard:04d}.array_record",
+            [pack_record({"jpg": images[k], "txt": f"caption {k}", "key": k}) for k in keys],
+        )
+    assert (folder / "ar" / "0000.array_record").stat().st_size > 2**20  # over 1 MB: the suffix-range case
+    return folder
+
+
+@pytest.fixture(scope="module")
+def faulty(gcs_emulator: str, shards: Path):
+    gcsfs = pytest.importorskip("gcsfs")
+    from storage_servers import FaultProxy
+
+    fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=gcs_emulator)
+    if not fs.exists("remote-test"):
+        fs.mkdir("remote-test")
+    for path in sorted(shards.rglob("*")):
+        if path.is_file():
+            fs.pipe(f"remote-test/{path.relative_to(shards)}", path.read_bytes())
+    proxy = FaultProxy(gcs_emulator, fail_rate=0.1, cut_large=True, reset_rate=0.05, seed=7).start()
+    yield proxy
+    proxy.stop()
+
+
+def _catalog(folder: Path, root: str, endpoint: str | None) -> Path:
+    options = f", storage_options: {{token: anon, endpoint_url: '{endpoint}'}}" if endpoint else ""
+    path = folder / "remote.yaml"
+    path.write_text(
+        f"rtar: {{description: d, format: webdataset, location: {{root: '{root}', path: tar, shards: '{{0000..0002}}.tar'{options}}}, loading: {{val_batches: 0, image_size: 32}}}}\n"
+        f"rar: {{description: d, format: array_record, location: {{root: '{root}', path: ar, shards: '{{0000..0002}}.array_record'{options}}}, "
+        "record: {layout: packed, key: key}, loading: {val_batches: 0, image_size: 32}}\n"
+    )
+    return path
+
+
+def test_every_record_once_under_faults_in_both_frameworks(faulty, shards: Path, tmp_path: Path) -> None:
+    from test_backends import run_ranks
+
+    local = _catalog(shards, str(shards), None)
+    expected = {f"{s:02d}{i:04d}" for s in range(SHARDS) for i in range(PER_SHARD)}
+    for name in ("rtar", "rar"):
+        keys = [
+            k
+            for b in datacat.open(name, framework="torch", batch_size=8, catalog=datacat.load_catalog([local]))
+            for k in b["key"]
+        ]
+        assert sorted(keys) == sorted(expected), name
+    remote = _catalog(tmp_path, "gs://remote-test", faulty.url)
+    env = {"DATACAT_CATALOG": str(remote), "CLOUD_STORAGE_EMULATOR_ENDPOINT": faulty.url}
+    loads = [{"name": n, "batch_size": 8, "num_workers": 2, "seed": 1, "epochs": 1} for n in ("rtar", "rar")]
+    for framework in ("torch", "jax"):
+        faulty.reset_counts()
+        results = run_ranks(framework, [loads], env=env)[0]
+        for name, result in zip(("rtar", "rar"), results, strict=True):
+            keys = [k for b in result["batches"] for k in b]
+            assert sorted(keys) == sorted(expected), (framework, name)
+        assert faulty.faults > 0
+        assert sum(r["retries"] for r in results) > 0, f"{framework}: no retries reported under {faulty.faults} faults"
