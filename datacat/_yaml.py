@@ -1,8 +1,11 @@
-"""YAML as data only: safe tags, no duplicate keys, and the line of every key.
+"""YAML as data only: safe tags, no duplicate keys, bounded aliases, and the line of every key.
 
 ``yaml.safe_load`` semantics (a ``!!python/...`` tag is refused), plus what
 validation messages need and PyYAML does not keep: the line each key path
 starts on, and a refusal of repeated keys (PyYAML silently keeps the last).
+Aliases may share a value, but a document whose aliases add more than
+``MAX_ALIASED`` values to it (a "billion laughs" bomb) is refused before
+anything is built. libyaml's parser is used where PyYAML has it (5x faster, same marks).
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ import yaml
 
 from datacat.errors import Problem
 
-__all__ = ["KeyPath", "load_yaml"]
+__all__ = ["MAX_ALIASED", "KeyPath", "load_yaml"]
 
 KeyPath = tuple[str | int, ...]
+MAX_ALIASED = 100_000
+"""Values that aliases may add to a catalog file beyond those it spells out."""
+_ENDLESS = 1 << 62
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Problem]]:
@@ -24,14 +31,24 @@ def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Probl
     A document with problems yields ``None`` as its data; every problem found
     is reported, not only the first.
     """
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     lines: dict[KeyPath, int] = {}
     problems: list[Problem] = []
     try:
         node = loader.get_single_node()
         if node is None:
             return None, lines, problems
-        _index_node(node, (), lines, problems, file)
+        sizes: dict[int, int] = {}
+        if _index_node(node, (), lines, problems, file, sizes) - len(sizes) > MAX_ALIASED:
+            problems.append(
+                Problem(
+                    file,
+                    None,
+                    "",
+                    f"its aliases add more than {MAX_ALIASED:,} values (a YAML alias bomb?); write the values out",
+                )
+            )
+            return None, lines, problems
         if problems:
             return None, lines, problems
         data = loader.construct_document(node)
@@ -51,8 +68,20 @@ def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Probl
     return data, lines, problems
 
 
-def _index_node(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], problems: list[Problem], file: str) -> None:
+def _index_node(
+    node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], problems: list[Problem], file: str, sizes: dict[int, int]
+) -> int:
+    """Records the line of each key path under ``node`` and returns how many values it expands to.
+
+    Each node is walked once (an alias is the same node object again), so
+    this costs the document as written, not its expansion.
+    """
     lines.setdefault(path, node.start_mark.line + 1)
+    known = sizes.get(id(node))
+    if known is not None:  # an alias: its keys were indexed where the anchor is
+        return known
+    sizes[id(node)] = _ENDLESS  # a node inside itself (a recursive alias) expands without end
+    total = 1
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -64,7 +93,9 @@ def _index_node(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], probl
                 continue
             seen[key] = line
             lines[(*path, key)] = line
-            _index_node(value_node, (*path, key), lines, problems, file)
+            total += _index_node(value_node, (*path, key), lines, problems, file, sizes)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index_node(item, (*path, i), lines, problems, file)
+            total += _index_node(item, (*path, i), lines, problems, file, sizes)
+    sizes[id(node)] = total = min(total, _ENDLESS)
+    return total

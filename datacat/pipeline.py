@@ -23,6 +23,7 @@ import numpy as np
 from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
 from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import RawItem, open_reader
+from datacat.formats.storage import retry_count
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
@@ -99,7 +100,8 @@ class SampleSource:
 
     def shard_offsets(self) -> list[int]:
         """The canonical position of each shard's first record, then the total; needs per-shard counts."""
-        counts = [s.samples for s in self.plan.shards]
+        counted = getattr(self.reader, "counts", ())  # a reader that counted its shards when opened
+        counts = list(counted) if counted else [s.samples for s in self.plan.shards]
         if any(c is None for c in counts):
             missing = [s.name for s in self.plan.shards if s.samples is None][:3]
             raise OptionError(
@@ -329,6 +331,8 @@ class BatchView:
         self._pid = 0
         self._pending: dict[int, concurrent.futures.Future[list[Fetched]]] = {}
         self._last: int | None = None
+        self._retried = retry_count()
+        self._origin = os.getpid()
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -337,7 +341,7 @@ class BatchView:
         return f"BatchView({self.view!r}, batches={len(self)})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None, "_pid": 0, "_pending": {}, "_last": None}
+        return {**self.__dict__, "_pool": None, "_pid": 0, "_pending": {}, "_last": None, "_retried": 0}
 
     def _fetch(self, batch: int) -> list[Fetched]:
         fetched: list[Fetched] = self.view.fetch(range(self.starts[batch], self.starts[batch + 1]))
@@ -365,7 +369,12 @@ class BatchView:
         marks: list[dict[str, Any]] = []
         for output in self.view.finish(fetched):
             (marks if is_marker(output) else samples).append(output)
-        return {"batch": collate_numpy(samples, self.image_size), "marks": marks}
+        # Retries made by a worker process since its last batch (prefetch threads included); the
+        # loader counts its own process's itself.
+        retries, self._retried = retry_count() - self._retried, retry_count()
+        if os.getpid() == self._origin:
+            retries = 0
+        return {"batch": collate_numpy(samples, self.image_size), "marks": marks, "retries": retries}
 
 
 def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, Any]:

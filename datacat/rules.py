@@ -89,7 +89,8 @@ def _check_location(
     except ValueError as exc:
         yield name, (*at, "shards"), str(exc)
         return
-    if len(set(names)) != len(names):
+    named = set(names)
+    if len(named) != len(names):
         yield name, (*at, "shards"), "names some shard twice"
     numbers = brace_numbers(location.shards) if isinstance(location.shards, str) else None
     missing: set[str] = set()
@@ -105,13 +106,13 @@ def _check_location(
                 yield name, (*at, "missing", i), f"{item} is outside {numbers.start}..{numbers.stop - 1}"
             else:
                 missing.add(names[numbers.index(item)])
-        elif item not in names:
+        elif item not in named:
             yield name, (*at, "missing", i), f"{item!r} is not a shard the pattern names"
         else:
             missing.add(item)
     if entry is None:
         return
-    present = [n for n in names if n not in missing]
+    present = named - missing
     totals = entry.totals
     if totals.shards is not None and totals.shards != len(present):
         yield (
@@ -126,7 +127,7 @@ def _check_location(
             if shard not in present:
                 why = "is declared missing" if shard in missing else "is not a shard the pattern names"
                 yield name, ("totals", "per_shard", shard), f"{shard!r} {why}"
-        if totals.samples is not None and set(totals.per_shard) == set(present):
+        if totals.samples is not None and set(totals.per_shard) == present:
             counted = sum(totals.per_shard.values())
             if counted != totals.samples:
                 yield name, ("totals", "samples"), f"{totals.samples} declared, but per_shard adds up to {counted}"

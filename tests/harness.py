@@ -43,7 +43,14 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
             break
     saved = loader.state_dict() if stop_after is not None else None
     iterator.close()
-    return {"batches": batches, "pixels": pixels, "state": saved, "per_epoch": len(loader), "arrays": arrays}
+    return {
+        "batches": batches,
+        "pixels": pixels,
+        "state": saved,
+        "per_epoch": len(loader),
+        "arrays": arrays,
+        "retries": loader.retries,
+    }
 
 
 def main() -> None:

@@ -49,6 +49,10 @@ class Emulator:
                 headers["range"] = f"bytes={max(0, size - int(match.group(1)))}-"
             return download(request, response, storage, *args, **kwargs)
 
+        if getattr(download, "suffix_range_fixed", False):
+            download_with_suffix_range = download
+        download_with_suffix_range.suffix_range_fixed = True  # type: ignore[attr-defined]
+        objects.download = download_with_suffix_range  # objects.get calls it for ?alt=media
         emulator_server.HANDLERS = tuple(
             (pattern, {m: download_with_suffix_range if h is download else h for m, h in handlers.items()})
             for pattern, handlers in emulator_server.HANDLERS
@@ -77,6 +81,14 @@ class Emulator:
 
     def stop(self) -> None:
         self._server.stop()
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients hang up on purpose here (cut bodies, resets); their tracebacks say nothing
 
 
 class FaultProxy:
@@ -115,9 +127,7 @@ class FaultProxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._httpd.daemon_threads = True
-        self._httpd.request_queue_size = 128
+        self._httpd = _QuietServer(("127.0.0.1", self.port), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._local = threading.local()
 

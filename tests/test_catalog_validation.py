@@ -97,3 +97,24 @@ def test_catalog_env_variable_adds_entries(write_catalog, monkeypatch: pytest.Mo
 def test_missing_catalog_path_is_reported(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="no such catalog file or folder"):
         load_catalog([tmp_path / "nope.yaml"])
+
+
+def test_yaml_alias_bomb_is_refused_before_it_expands(tmp_path) -> None:
+    # 9 levels of 9 aliases: 387M values if expanded. Refused from the document's own size.
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        name, previous = chr(97 + i), chr(96 + i)
+        levels.append(f"{name}: &{name} [{', '.join(['*' + previous] * 9)}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\n")
+    assert len(bomb.read_bytes()) < 700
+    with pytest.raises(CatalogError, match="aliases add more than 100,000 values") as info:
+        load_catalog([bomb], builtin=False)
+    assert len(str(info.value)) < 300  # the offending value is not in the message
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        "base: &loading {image_size: 32, val_batches: 0}\n"
+        "one: {description: d, format: webdataset, location: {root: ., shards: a.tar}, loading: *loading}\n"
+    )
+    with pytest.raises(CatalogError, match="base"):  # an alias is fine; 'base' is just not an entry
+        load_catalog([shared], builtin=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 from datacat.epochs import Schedule, plan_schedule
 from datacat.errors import DatacatError, OptionError, PlanMismatch
+from datacat.formats.storage import retry_count
 from datacat.mixing import open_source
 from datacat.pipeline import BatchView
 from datacat.resolve import Plan
@@ -63,6 +64,7 @@ class Loader:
         self.shuffle = shuffle
         self.num_workers = num_workers
         self.rank, self.world_size = rank, world_size
+        self._retries_before = retry_count()
         self.source = open_source(
             plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
         )
@@ -71,6 +73,7 @@ class Loader:
         self.epoch = 0
         self.batch = 0  # batches delivered in the current epoch
         self._restored: dict[str, Any] | None = None
+        self._worker_retries = 0
 
     def __repr__(self) -> str:
         return (
@@ -81,6 +84,11 @@ class Loader:
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
         return self.schedule.batches
+
+    @property
+    def retries(self) -> int:
+        """Transient storage errors retried since this loader was opened, here and in its workers."""
+        return retry_count() - self._retries_before + self._worker_retries
 
     @property
     def ledger(self) -> Ledger:
@@ -113,6 +121,7 @@ class Loader:
                     for mark in output["marks"]:
                         self.source.ledger.admit(mark)  # raises, or records a skip
                     self.source.ledger.seen += len(output["batch"]["key"])
+                    self._worker_retries += output.get("retries", 0)
                     self.batch += 1
                     yield self._finish(output["batch"])
             finally:

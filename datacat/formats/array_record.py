@@ -59,17 +59,33 @@ def _note_opened() -> None:
     _OPENED_IN = os.getpid()
 
 
+class _NotOpened(RuntimeError):
+    """The C++ reader's status after a failed open."""
+
+
 def _open(url: str) -> Any:
     _note_opened()
-    # The C++ reader does not raise on a failed open: ok() turns False and close() raises the status.
-    reader = array_record_module.ArrayRecordReader(url)
-    if reader.ok():
-        return reader
-    try:
-        reader.close()
-        status = "unknown error"
-    except RuntimeError as exc:
+
+    def attempt() -> Any:
+        # The C++ reader does not raise on a failed open: ok() turns False and close() raises the status.
+        reader = array_record_module.ArrayRecordReader(url)
+        if reader.ok():
+            return reader
+        try:
+            reader.close()
+            status = "unknown error"
+        except RuntimeError as exc:
+            status = str(exc)
+        if "No such file" in status or "NOT_FOUND" in status:
+            raise FileNotFoundError(2, url, url)
+        raise _NotOpened(status)
+
+    try:  # remote: a footer read cut short by the network looks like a damaged file; only a retry tells
+        return with_retries(attempt, url, any_error=is_remote(url))
+    except _NotOpened as exc:
         status = str(exc)
+    except ShardError as exc:
+        status = str(exc.__cause__ or exc)
     if "No such file" in status or "NOT_FOUND" in status:
         raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
     raise ShardError(
@@ -124,7 +140,8 @@ class ArrayRecordReader:
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
         self.storage_options = dict(plan.storage_options)
-        if self.urls and is_remote(self.urls[0]):
+        self.remote = bool(self.urls) and is_remote(self.urls[0])
+        if self.remote:
             check_reachable(self.urls[0], self.storage_options)
         self.record = plan.record
         self.declared = tuple(s.samples for s in plan.shards)
@@ -173,7 +190,11 @@ class ArrayRecordReader:
             for shard in {s for s, _ in where} - self._checked:
                 self._open_shard(shard)
             payloads: list[bytes | Exception] = list(
-                with_retries(lambda: self.source.__getitems__(list(indices)), self.urls[where[0][0]] if where else "")
+                with_retries(
+                    lambda: self.source.__getitems__(list(indices)),
+                    self.urls[where[0][0]] if where else "",
+                    any_error=self.remote,
+                )
             )
         except (ShardError, FileNotFoundError):
             raise
@@ -195,7 +216,7 @@ class ArrayRecordReader:
 
     def _read_one(self, index: int, shard: int, position: int) -> bytes | Exception:
         try:
-            return with_retries(lambda: self.source[index], self.urls[shard])  # type: ignore[no-any-return]
+            return with_retries(lambda: self.source[index], self.urls[shard], any_error=self.remote)  # type: ignore[no-any-return]
         except (ShardError, FileNotFoundError) as exc:
             return exc
         except Exception as exc:  # the C++ reader's errors carry only a status text
@@ -211,17 +232,22 @@ class ArrayRecordReader:
         # fails, and compare its real count with the declared one (one footer read, by the reader kept).
         url = self.urls[shard]
         idx = self.source._reader_idx_and_position(self.offsets[shard])[0]
+
+        def open_reader() -> Any:
+            self.source._ensure_reader_exists(idx)
+            reader = self.source._readers[idx]
+            if not reader.ok():  # a footer read cut short looks like a damaged file: try again before saying so
+                self.source._readers[idx] = None
+                raise RuntimeError(f"{url}: the reader did not open")
+            return reader
+
         try:
-            with_retries(lambda: self.source._ensure_reader_exists(idx), url)
+            reader = with_retries(open_reader, url, any_error=self.remote)
         except (ShardError, FileNotFoundError):
             raise
         except Exception:  # the data source's own open failed: _open says why, naming the shard
             _open(url).close()
             raise
-        reader = self.source._readers[idx]
-        if not reader.ok():
-            self.source._readers[idx] = None
-            _open(url).close()  # raises, naming the shard and the reason
         actual = int(reader.num_records())
         if actual != self.counts[shard]:
             raise ShardError(

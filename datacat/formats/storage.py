@@ -49,7 +49,7 @@ _retries_lock = threading.Lock()
 
 
 def retry_count() -> int:
-    """Transient storage errors retried by this process so far."""
+    """Transient storage errors retried by this process so far, by datacat or by gcsfs itself."""
     return _retries
 
 
@@ -83,8 +83,13 @@ def transient(exc: BaseException) -> bool:
     )
 
 
-def with_retries(read: Callable[[], T], url: str) -> T:
-    """``read()``, retried with backoff while it fails transiently; then a ShardError naming ``url``."""
+def with_retries(read: Callable[[], T], url: str, *, any_error: bool = False) -> T:
+    """``read()``, retried with backoff while it fails transiently; then a ShardError naming ``url``.
+
+    ``any_error``: retry every error but a missing object. A client that
+    parses what it reads (array_record's) reports a body cut short by the
+    network as a damaged file; only a retry tells the two apart.
+    """
     global _retries
     delay = 0.1
     for attempt in range(RETRIES + 1):
@@ -93,7 +98,7 @@ def with_retries(read: Callable[[], T], url: str) -> T:
         except Exception as exc:  # sorted below: only transient errors are retried, the rest re-raised as they are
             if isinstance(exc, FileNotFoundError):
                 raise _not_found(url) from None
-            if not transient(exc):
+            if not (transient(exc) or (any_error and not isinstance(exc, ShardError))):
                 raise
             if attempt == RETRIES:
                 raise ShardError(f"{url}: still failing after {RETRIES} retries: {type(exc).__name__}: {exc}") from exc
@@ -109,7 +114,31 @@ def _not_found(url: str) -> FileNotFoundError:
     return FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
 
 
+class _ClientRetries(logging.Filter):
+    """Counts the retries gcsfs makes on its own (it logs each at DEBUG) and passes on what the user would see."""
+
+    def __init__(self, passes: int) -> None:
+        super().__init__()
+        self.passes = passes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        global _retries
+        if record.levelno == logging.DEBUG and "retrying after exception" in record.getMessage():
+            with _retries_lock:
+                _retries += 1
+        return record.levelno >= self.passes
+
+
+def _count_client_retries() -> None:
+    client = logging.getLogger("gcsfs")
+    if any(isinstance(f, _ClientRetries) for f in client.filters):
+        return
+    client.addFilter(_ClientRetries(client.getEffectiveLevel()))
+    client.setLevel(logging.DEBUG)
+
+
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    _count_client_retries()
     return fsspec.core.url_to_fs(url, **dict(storage_options or {}))  # type: ignore[no-any-return]
 
 

@@ -1,0 +1,129 @@
+"""Tars read by member index: record-level shuffle across shards, and damage found instead of a short shard."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import make_tar, sample_members
+
+import datacat
+
+
+def _entry(tmp_path: Path, shards: int, per_shard: int, declare: bool = True) -> datacat.Catalog:
+    names = [f"{s:02d}.tar" for s in range(shards)]
+    for s, name in enumerate(names):
+        make_tar(tmp_path / name, sample_members([f"{s:02d}{i:03d}" for i in range(per_shard)]))
+    counts = ", ".join(f"{n}: {per_shard}" for n in names)
+    totals = f", totals: {{per_shard: {{{counts}}}}}" if declare else ""
+    (tmp_path / "c.yaml").write_text(
+        f"t: {{description: d, format: webdataset, location: {{root: ., shards: '{{00..{shards - 1:02d}}}.tar'}}{totals}, "
+        "loading: {val_batches: 0, image_size: 16, augmentation: none}}\n"
+    )
+    return datacat.load_catalog([tmp_path / "c.yaml"])
+
+
+def test_tar_records_are_shuffled_across_shards(tmp_path: Path) -> None:
+    catalog = _entry(tmp_path, 8, 25)
+    loader = datacat.open("t", framework="torch", batch_size=16, catalog=catalog, seed=3)
+    batches = [list(b["key"]) for b in loader]
+    assert len({k[:2] for k in batches[0]}) >= 6, batches[0]  # the first batch mixes at least 6 of 8 shards
+    keys = [k for b in batches for k in b]
+    assert sorted(keys) == sorted(f"{s:02d}{i:03d}" for s in range(8) for i in range(25))
+    # A record's position in its shard says nothing of its position in the epoch.
+    in_shard = np.array([int(k[2:]) for k in keys])
+    in_epoch = np.arange(len(keys))
+    rho = np.corrcoef(np.argsort(np.argsort(in_shard)), in_epoch)[0, 1]
+    assert abs(rho) < 0.1, rho
+    # Any worker count gives the same order (tars are random access now), and a state resumes exactly.
+    again = [
+        list(b["key"])
+        for b in datacat.open("t", framework="torch", batch_size=16, catalog=catalog, seed=3, num_workers=2)
+    ]
+    assert again == batches
+    head = datacat.open("t", framework="torch", batch_size=16, catalog=catalog, seed=3)
+    iterator = iter(head)
+    first = [list(next(iterator)["key"]) for _ in range(4)]
+    state = head.state_dict()
+    iterator.close()
+    rest = datacat.open("t", framework="torch", batch_size=16, catalog=catalog, seed=3, num_workers=2)
+    rest.load_state_dict(state)
+    assert first + [list(b["key"]) for b in rest] == batches
+
+
+def test_tar_index_is_kept_in_the_manifest(tmp_path: Path) -> None:
+    from datacat.manifest import load_manifest
+
+    catalog = _entry(tmp_path, 3, 4, declare=False)
+    plan = datacat.resolve("t", catalog=catalog)
+    assert plan.samples is None and load_manifest(plan.manifest) is None
+    assert len([k for b in datacat.open("t", framework="torch", batch_size=4, catalog=catalog) for k in b["key"]]) == 12
+    manifest = load_manifest(plan.manifest)
+    assert manifest is not None and [f.records for f in manifest.shards.values()] == [4, 4, 4]
+    again = datacat.resolve("t", catalog=catalog)  # counts known now, from the manifest
+    assert again.samples == 12 and again.samples_exact
+    assert datacat.describe("t", catalog=catalog)["plan"]["samples"] == 12
+
+
+def _damaged(path: Path, member: int) -> int:
+    """Overwrites the header of the ``member``-th file of a tar with noise; returns its byte offset."""
+    with tarfile.open(path) as tar:
+        offset = tar.getmembers()[member].offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 512] = np.random.default_rng(0).integers(1, 256, 512, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    return offset
+
+
+def test_a_damaged_header_mid_shard_is_an_error_naming_the_byte(tmp_path: Path) -> None:
+    catalog = _entry(tmp_path, 1, 30, declare=False)
+    offset = _damaged(tmp_path / "00.tar", 30)  # sample 15 of 30: tarfile alone would stop there quietly
+    with pytest.raises(datacat.ShardError, match=rf"00\.tar is damaged at byte {offset}"):
+        datacat.open("t", framework="torch", batch_size=4, catalog=catalog)
+    from datacat.formats.webdataset import group_by_key, tar_members
+
+    with open(tmp_path / "00.tar", "rb") as f, pytest.raises(datacat.ShardError, match=f"damaged at byte {offset}"):
+        list(group_by_key(tar_members(f, "00.tar"), "00.tar"))
+
+
+@pytest.mark.parametrize("cut", ["boundary", "inside"])
+def test_a_truncated_shard_is_an_error_not_a_short_shard(tmp_path: Path, cut: str) -> None:
+    catalog = _entry(tmp_path, 1, 10, declare=False)
+    path = tmp_path / "00.tar"
+    with tarfile.open(path) as tar:
+        member = tar.getmembers()[12]
+    end = member.offset if cut == "boundary" else member.offset_data + 100
+    path.write_bytes(path.read_bytes()[:end])
+    with pytest.raises(datacat.ShardError, match=r"00\.tar (is truncated|is not a readable tar)"):
+        datacat.open("t", framework="torch", batch_size=4, catalog=catalog)
+
+
+def test_gzipped_tars_are_still_read_shard_by_shard(tmp_path: Path) -> None:
+    keys = [f"{i:03d}" for i in range(6)]
+    make_tar(tmp_path / "0.tar", sample_members(keys), compress=True)
+    (tmp_path / "c.yaml").write_text(
+        "z: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, loading: {val_batches: 0, image_size: 16}}\n"
+    )
+    loader = datacat.open("z", framework="torch", batch_size=4, catalog=datacat.load_catalog([tmp_path / "c.yaml"]))
+    assert not loader.source.random_access
+    assert sorted(k for b in loader for k in b["key"]) == keys
+
+
+def test_span_reads_parse_one_sample(tmp_path: Path) -> None:
+    from datacat.formats.webdataset import member_spans, sample_of_span
+
+    path = make_tar(tmp_path / "x.tar", sample_members(["a", "b"]))
+    with open(path, "rb") as f:
+        spans, compressed = member_spans(f, str(path), seekable=True)
+    assert not compressed and len(spans) == 2
+    raw = path.read_bytes()
+    key, fields = sample_of_span(raw[spans[1][0] : spans[1][1]], str(path), int(spans[1][0]))
+    assert key == "b" and set(fields) == {"jpg", "txt"}
+    with pytest.raises(datacat.errors.RecordError, match="holds 2 samples"):
+        sample_of_span(raw[spans[0][0] : spans[1][1]], str(path), 0)
+    stream = io.BytesIO(raw)
+    streamed, _ = member_spans(stream, str(path))
+    assert (streamed == spans).all()
