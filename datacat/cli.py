@@ -371,6 +371,52 @@ def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None
 
 
 @main.command()
+@click.argument("name")
+@click.option("--deep", is_flag=True, help="Also read and decode every record; report each bad one with shard and key.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--root", default=None, help="Replace the entry's root.")
+@click.option("--threads", default=16, show_default=True, type=click.IntRange(min=1), help="Shards read at once.")
+@click.pass_context
+@_reports_errors
+def verify(ctx: click.Context, name: str, deep: bool, as_json: bool, root: str | None, threads: int) -> None:
+    """Check NAME's shards against storage (absent, unexpected, counts, bytes) and write its manifest; exit 1 on any mismatch."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from datacat.verify import verify as verify_entry
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def advance(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(f"{stage} {name}", total=total)
+            progress.update(tasks[stage], completed=done, total=total)
+
+        report = verify_entry(name, catalog=_catalog(ctx), root=root, deep=deep, threads=threads, progress=advance)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        records = [s.records for s in report.shards]
+        total = sum(r or 0 for r in records)
+        size = sum(s.bytes or 0 for s in report.shards)
+        out.print(
+            f"{report.entry}: {len(report.shards)} shard(s) found under {report.base}, {total:,} records, {_bytes(size)}",
+            markup=False,
+        )
+        for problem in report.problems:
+            out.print(f"  {problem}", markup=False)
+        if report.manifest:
+            out.print(f"manifest: {report.manifest}", markup=False)
+        out.print(
+            "ok: the shards match the entry." if report.ok else f"{len(report.problems)} problem(s).", markup=False
+        )
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.pass_context
 @_reports_errors

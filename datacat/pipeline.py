@@ -12,6 +12,7 @@ read from.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import os
 import threading
@@ -331,6 +332,7 @@ class BatchView:
         self._pid = 0
         self._pending: dict[int, concurrent.futures.Future[list[Fetched]]] = {}
         self._last: int | None = None
+        self._upcoming: Sequence[int] | None = None
         self._retried = retry_count()
         self._origin = os.getpid()
 
@@ -341,23 +343,42 @@ class BatchView:
         return f"BatchView({self.view!r}, batches={len(self)})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None, "_pid": 0, "_pending": {}, "_last": None, "_retried": 0}
+        return {
+            **self.__dict__,
+            "_pool": None,
+            "_pid": 0,
+            "_pending": {},
+            "_last": None,
+            "_upcoming": None,
+            "_retried": 0,
+        }
 
     def _fetch(self, batch: int) -> list[Fetched]:
         fetched: list[Fetched] = self.view.fetch(range(self.starts[batch], self.starts[batch + 1]))
         return fetched
+
+    def plan_reads(self, batches: Sequence[int]) -> None:
+        """Tells the view which batches this process will ask for (ascending), so it reads ahead exactly those."""
+        self._upcoming = batches
 
     def _read_ahead(self, batch: int) -> None:
         if not self.read_ahead:
             return
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
             self._pool, self._pid, self._pending = concurrent.futures.ThreadPoolExecutor(1), os.getpid(), {}
-        stride = batch - self._last if self._last is not None and batch > self._last else 1
+        if self._upcoming is not None:
+            at = bisect.bisect_right(self._upcoming, batch)
+            later = list(self._upcoming[at : at + self.read_ahead])
+        elif self._last is not None and batch > self._last:
+            # Unplanned (grain's workers take every n-th batch): the stride of the last two requests.
+            stride = batch - self._last
+            later = [batch + k * stride for k in range(1, self.read_ahead + 1)]
+        else:
+            later = []  # no stride yet: a guess would fetch another worker's batch
         self._last = batch
         for stale in [b for b in self._pending if b <= batch]:
             self._pending.pop(stale).cancel()
-        for k in range(1, self.read_ahead + 1):
-            ahead = batch + k * stride
+        for ahead in later:
             if ahead < len(self) and ahead not in self._pending:
                 self._pending[ahead] = self._pool.submit(self._fetch, ahead)
 

@@ -31,6 +31,14 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # a class attribute: listen() takes it during __init__ (the stock backlog is 5)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients hang up on purpose here (cut bodies, resets); their tracebacks say nothing
+
+
 class Emulator:
     """gcp-storage-emulator in this process, threaded and with suffix ranges served as GCS does."""
 
@@ -63,12 +71,7 @@ class Emulator:
         api = self._server._api
 
         def run() -> None:
-            httpd = http.server.ThreadingHTTPServer(
-                ("127.0.0.1", self.port),
-                lambda *a: emulator_server.RequestHandler(api._storage, *a),
-            )
-            httpd.daemon_threads = True
-            httpd.request_queue_size = 128
+            httpd = _QuietServer(("127.0.0.1", self.port), lambda *a: emulator_server.RequestHandler(api._storage, *a))
             api._httpd = httpd
             api.is_running.set()
             httpd.serve_forever()
@@ -81,14 +84,6 @@ class Emulator:
 
     def stop(self) -> None:
         self._server.stop()
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # clients hang up on purpose here (cut bodies, resets); their tracebacks say nothing
 
 
 class FaultProxy:

@@ -61,7 +61,9 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for index in worker_indices(len(self.batches), self.start, workers, worker, sequential=self.sequential):
+        indices = worker_indices(len(self.batches), self.start, workers, worker, sequential=self.sequential)
+        self.batches.plan_reads(indices)
+        for index in indices:
             output = self.batches[index]
             batch = output["batch"]
             for key in ("image", "label", "embedding"):

@@ -13,8 +13,11 @@ import bisect
 import concurrent.futures
 import dataclasses
 import itertools
+import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +33,7 @@ from datacat.resolve import Plan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArrayRecordReader", "count_records", "opened_here"]
+__all__ = ["ArrayRecordReader", "count_elsewhere", "count_records", "opened_here"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +106,49 @@ def count_records(url: str) -> int:
         reader.close()
 
 
+def count_elsewhere(urls: Sequence[str]) -> list[int]:
+    """The records of each shard, counted in a short-lived child process, all shards at once.
+
+    Counting in this process would leave array_record's C++ client state
+    here, and a forked worker then crashes: the loader would have to start
+    its workers from a forkserver, seconds slower. The child costs ~0.3 s.
+    """
+    code = (
+        "import json, sys\n"
+        "from datacat.formats.array_record import _count_all\n"
+        "print('COUNTS ' + json.dumps(_count_all(json.loads(sys.argv[1]))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(list(urls))], capture_output=True, text=True, check=False, timeout=3600
+    )
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("COUNTS ")), None)
+    if line is None:
+        raise ShardError(
+            f"counting the records of {urls[0]} and {len(urls) - 1} more shard(s) failed: {done.stderr[-800:]}"
+        )
+    counts: list[int] = []
+    for url, (kind, value) in zip(urls, json.loads(line[len("COUNTS ") :]), strict=True):
+        if kind == "missing":
+            raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
+        if kind == "error":
+            raise ShardError(value)
+        counts.append(int(value))
+    return counts
+
+
+def _count_all(urls: list[str]) -> list[tuple[str, Any]]:
+    def one(url: str) -> tuple[str, Any]:
+        try:
+            return "count", count_records(url)
+        except FileNotFoundError:
+            return "missing", url
+        except ShardError as exc:
+            return "error", str(exc)
+
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(urls))) as pool:
+        return list(pool.map(one, urls))
+
+
 def _remember_counts(plan: Plan, counts: Sequence[int | None]) -> None:
     # Counted once, kept in the cache's manifest: the next open (and describe) reads no footer.
     manifest = load_manifest(plan.manifest) or Manifest(plan.manifest, plan.name, plan.root, {})
@@ -147,10 +193,9 @@ class ArrayRecordReader:
         self.declared = tuple(s.samples for s in plan.shards)
         counts = list(self.declared)
         uncounted = [i for i, n in enumerate(counts) if n is None]
-        if uncounted:  # no per_shard and no manifest: read each footer once, all at once
-            with concurrent.futures.ThreadPoolExecutor(min(16, len(uncounted))) as pool:
-                for i, n in zip(uncounted, pool.map(count_records, [self.urls[i] for i in uncounted]), strict=True):
-                    counts[i] = n
+        if uncounted:  # no per_shard and no manifest: read each footer once, all at once, elsewhere
+            for i, n in zip(uncounted, count_elsewhere([self.urls[i] for i in uncounted]), strict=True):
+                counts[i] = n
             _remember_counts(plan, counts)
         self.counts = tuple(int(n or 0) for n in counts)
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))

@@ -1,0 +1,207 @@
+"""Loaders on a bucket: the GCS emulator behind a proxy that delays each response's first byte by D ms.
+
+    python benchmarks/remote_speed.py [--images 600] [--delays 0,30,80] [--workers 2] [--batch 32]
+
+GCS answers in 30-100 ms; one blocking GET per record caps a worker at
+1/latency records/s. This builds a corpus of real-photo JPEGs (0.2-1 MP,
+as benchmarks/loader_speed.py does), uploads it as tars and ArrayRecord
+shards to a local gcp-storage-emulator (tests/storage_servers.py: threaded,
+suffix ranges as GCS serves them), and runs each loader in its own process
+against a proxy with delay D, side by side in one run:
+
+    usual grain   grain.MapDataset over ArrayRecordDataSource(gs://...), 16 read threads, PIL decode + resize,
+                  batch, mp_prefetch (the pipeline datacat replaces)
+    datacat       torch over tars, torch over ArrayRecord, jax over ArrayRecord
+
+It prints images/s (from the first batch to the last), the first batch's
+time (open included, with an empty cache: the tar index is built then),
+requests per image (every request the proxy saw, listing and index
+included), and the ratios the issue asks for: each loader at D=80 against
+itself at D=0, and datacat at D=80 against the usual grain pipeline at D=80.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+SIZE = 256
+BUCKET = "bench-remote"
+LOADERS = {
+    "usual grain, ArrayRecord": ("grain", None),
+    "datacat torch, tars": ("torch", "remote-tar"),
+    "datacat torch, ArrayRecord": ("torch", "remote-ar"),
+    "datacat jax, ArrayRecord": ("jax", "remote-ar"),
+}
+
+
+def write_catalog(folder: Path, shards: int) -> Path:
+    last = shards - 1
+    loading = f"{{image_size: {SIZE}, augmentation: flip_only, val_batches: 0}}"
+    where = f"root: 'gs://{BUCKET}', storage_options: {{token: anon}}"
+    path = folder / "remote.yaml"
+    path.write_text(
+        f"remote-tar: {{description: d, format: webdataset, location: {{{where}, path: tar, shards: '{{0000..{last:04d}}}.tar'}}, loading: {loading}}}\n"
+        f"remote-ar: {{description: d, format: array_record, location: {{{where}, path: ar, shards: '{{0000..{last:04d}}}.ar'}}, "
+        f"record: {{layout: packed, key: key}}, loading: {loading}}}\n"
+    )
+    return path
+
+
+def run_grain(shards: int, workers: int, batch: int) -> dict[str, Any]:
+    import io
+
+    import grain
+    from absl import flags
+    from PIL import Image
+
+    from datacat.formats.packed import unpack_record
+
+    flags.FLAGS.mark_as_parsed()
+
+    def transform(record: bytes) -> np.ndarray:
+        image = Image.open(io.BytesIO(unpack_record(record)["jpg"])).convert("RGB")
+        side = min(image.size)
+        left, top = (image.width - side) // 2, (image.height - side) // 2
+        return np.asarray(image.crop((left, top, left + side, top + side)).resize((SIZE, SIZE), Image.BICUBIC))
+
+    start = time.perf_counter()
+    source = grain.sources.ArrayRecordDataSource([f"gs://{BUCKET}/ar/{s:04d}.ar" for s in range(shards)])
+    dataset = (
+        grain.MapDataset.source(source)
+        .shuffle(seed=0)
+        .map(transform)
+        .to_iter_dataset(grain.ReadOptions(num_threads=16, prefetch_buffer_size=64))
+        .batch(batch)
+        .mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=workers))
+    )
+    return _time(iter(dataset), lambda b: len(b), start)
+
+
+def run_datacat(folder: Path, framework: str, name: str, workers: int, batch: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    import datacat
+
+    catalog = datacat.load_catalog([folder / "remote.yaml"])
+    loader = datacat.open(name, framework=framework, batch_size=batch, num_workers=workers, catalog=catalog)
+    result = _time(iter(loader), lambda b: len(b["key"]), start)
+    result["retries"] = loader.retries
+    return result
+
+
+def _time(batches: Any, count: Any, start: float) -> dict[str, Any]:
+    first = next(batches)
+    first_batch = time.perf_counter() - start
+    images, begun = 0, time.perf_counter()
+    last = begun
+    for batch in batches:
+        images += count(batch)
+        last = time.perf_counter()
+    return {"images": images + count(first), "rate": images / (last - begun), "first": first_batch}
+
+
+def child(args: argparse.Namespace) -> None:
+    kind, name = LOADERS[args.child]
+    if kind == "grain":
+        result = run_grain(args.shards, args.workers, args.batch)
+    else:
+        result = run_datacat(Path(args.folder), kind, name, args.workers, args.batch)
+    print("RESULT " + json.dumps(result))
+
+
+def upload(folder: Path, emulator_url: str) -> None:
+    import warnings
+
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=emulator_url)
+    fs.mkdir(BUCKET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for sub in ("tar", "ar"):
+            for path in sorted((folder / sub).iterdir()):
+                fs.pipe(f"{BUCKET}/{sub}/{path.name}", path.read_bytes())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=600)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--delays", default="0,30,80", help="first-byte delays in ms, comma-separated")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--only", default="", help="comma-separated loader labels to run")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    from loader_speed import build_corpus
+    from storage_servers import Emulator, FaultProxy
+
+    labels = [label for label in LOADERS if not args.only or label in args.only.split(",")]
+    delays = [int(d) for d in args.delays.split(",")]
+    emulator = Emulator().start()
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="datacat-remote-") as tmp:
+        folder = Path(tmp)
+        build_corpus(folder, args.images, args.shards)
+        write_catalog(folder, args.shards)
+        upload(folder, emulator.url)
+        for delay in delays:
+            proxy = FaultProxy(emulator.url, delay=delay / 1000).start()
+            for label in labels:
+                cache = folder / f"cache-{delay}-{label.replace(' ', '_').replace(',', '')}"
+                env = {
+                    **os.environ,
+                    "PYTHONWARNINGS": "ignore",
+                    "STORAGE_EMULATOR_HOST": proxy.url,
+                    "CLOUD_STORAGE_EMULATOR_ENDPOINT": proxy.url,
+                    "DATACAT_CACHE": str(cache),
+                }
+                command = [sys.executable, __file__, "--child", label, "--folder", str(folder)]
+                command += ["--workers", str(args.workers), "--batch", str(args.batch), "--shards", str(args.shards)]
+                proxy.reset_counts()
+                done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=900)
+                line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if line is None:
+                    sys.exit(f"{label} at D={delay} failed:\n{done.stderr[-3000:]}")
+                result = json.loads(line[len("RESULT ") :])
+                result["requests"] = proxy.requests / result["images"]
+                results[(label, delay)] = result
+                print(
+                    f"D={delay:3d} ms  {label:28s} {result['rate']:6.1f} img/s  first batch {result['first']:5.2f} s  "
+                    f"{result['requests']:.3f} requests/image"
+                    + (f"  retries {result['retries']}" if "retries" in result else ""),
+                    flush=True,
+                )
+            proxy.stop()
+    emulator.stop()
+    high, low = max(delays), min(delays)
+    usual = results.get(("usual grain, ArrayRecord", high))
+    print(f"\n{args.images} JPEGs, {SIZE} px, batch {args.batch}, {args.workers} workers; ratios from this run:")
+    for label in labels:
+        mine = results[(label, high)]
+        line = f"  {label:28s} D={high}/D={low}: x{mine['rate'] / results[(label, low)]['rate']:.2f}"
+        if usual is not None and label != "usual grain, ArrayRecord":
+            line += f"   vs usual grain at D={high}: x{mine['rate'] / usual['rate']:.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
