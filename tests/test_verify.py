@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from helpers import make_tar, sample_members
 
 import datacat
 from datacat.cli import main
-from helpers import make_tar, sample_members
 
 
 def _dataset(tmp_path: Path) -> Path:
