@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--delays", default="0,30,80", help="first-byte delays in ms, comma-separated")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--only", default="", help="comma-separated loader labels to run")
+    parser.add_argument("--only", default="", help="loader labels to run, separated by ;")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,7 +154,7 @@ def main() -> None:
     from loader_speed import build_corpus
     from storage_servers import Emulator, FaultProxy
 
-    labels = [label for label in LOADERS if not args.only or label in args.only.split(",")]
+    labels = [label for label in LOADERS if not args.only or label in args.only.split(";")]
     delays = [int(d) for d in args.delays.split(",")]
     emulator = Emulator().start()
     results: dict[tuple[str, int], dict[str, Any]] = {}
