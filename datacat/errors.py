@@ -82,7 +82,12 @@ class PlanMismatch(DatacatError, ValueError):
 
 
 class ShardError(DatacatError):
-    """A shard that cannot be opened or read; the message names the shard."""
+    """A shard that cannot be opened or read; the message names the shard, ``url`` holds it where known."""
+
+    def __init__(self, message: str, *, url: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.key = key
 
 
 class RecordError(ShardError, ValueError):

@@ -128,7 +128,8 @@ class SampleSource:
     def outcome(self, item: RawItem | BaseException, position: int, *, epoch: int = 0) -> dict[str, Any]:
         """The sample of a fetched record, or a marker: a bad sample (a record that cannot be parsed) or an error."""
         if isinstance(item, ValueError):  # RecordError too
-            return bad_marker(BadSample(self.plan.name, "", f"record {position}", str(item)))
+            shard, key = getattr(item, "url", None) or "", getattr(item, "key", None) or f"record {position}"
+            return bad_marker(BadSample(self.plan.name, shard, key, str(item)))
         if isinstance(item, BaseException):
             return error_marker(item)
         return self.process(item, epoch=epoch)

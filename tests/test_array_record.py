@@ -118,3 +118,27 @@ def test_truncated_and_missing_shards(tmp_path: Path) -> None:
     (tmp_path / "1.ar").unlink()
     with pytest.raises(FileNotFoundError, match=r"1\.ar"):
         ArrayRecordReader(datacat.resolve("t", catalog=_entry(tmp_path)))
+
+
+def test_a_damaged_chunk_is_a_skipped_sample_not_a_dead_epoch(tmp_path: Path) -> None:
+    from helpers import jpeg
+
+    import datacat
+    from datacat.formats.packed import pack_record
+
+    path = make_array_record(
+        tmp_path / "0.ar",
+        [pack_record({"jpg": jpeg(i, (64, 64)), "txt": f"c{i}", "key": f"k{i:02d}"}) for i in range(20)],
+    )
+    data = bytearray(path.read_bytes())
+    data[20000:20064] = bytes(64)  # inside one record's chunk: its hash no longer matches
+    path.write_bytes(bytes(data))
+    (tmp_path / "c.yaml").write_text(
+        "d: {description: d, format: array_record, location: {root: ., shards: [0.ar]}, record: {layout: packed, key: key}, "
+        "loading: {val_batches: 0, image_size: 16, on_bad_sample: skip, bad_sample_budget: 0.2}}\n"
+    )
+    loader = datacat.open("d", framework="torch", batch_size=8, catalog=datacat.load_catalog([tmp_path / "c.yaml"]))
+    keys = [k for b in loader for k in b["key"]]
+    assert len(keys) == 19 and len(set(keys)) == 19
+    (bad,) = loader.ledger.skipped
+    assert bad.key == "0.ar:16" and bad.shard.endswith("0.ar") and "hash mismatch" in bad.reason

@@ -265,7 +265,11 @@ class ArrayRecordReader:
         except (ShardError, FileNotFoundError) as exc:
             return exc
         except Exception as exc:  # the C++ reader's errors carry only a status text
-            return RecordError(f"record {position} of ArrayRecord shard {self.urls[shard]} cannot be read: {exc}")
+            return RecordError(
+                f"record {position} of ArrayRecord shard {self.urls[shard]} cannot be read: {exc}",
+                url=self.urls[shard],
+                key=f"{os.path.basename(self.urls[shard])}:{position}",
+            )
 
     def iter_shard(self, shard: int) -> Any:
         """The raw records of one shard in order (the stream view of a random-access source)."""
