@@ -11,9 +11,11 @@ that still have records. The exhaustion rule says when the epoch ends:
 - ``restart``: a spent component starts its next permutation; the epoch is
   as long as all components together.
 
-The draw sequence is one byte per position, generated from the seed and
-epoch in each process that needs it (never pickled), with block prefix
-counts so that "the k-th record of component c" is found in O(block).
+The draws are made by blocks (:class:`Draws`): each block's counts per
+component for the whole epoch at once, the order inside a block only for
+the blocks a process reads, all from the seed and epoch, so "the k-th
+record of component c" is found in O(block) and a rank's start-up costs
+O(its share) however long the epoch.
 """
 
 from __future__ import annotations
@@ -32,45 +34,118 @@ from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger
 
-__all__ = ["MixtureSource", "MixtureView", "draw_sequence", "open_source"]
+__all__ = ["Draws", "MixtureSource", "MixtureView", "draw_sequence", "open_source"]
 
 _BLOCK = 4096
 
 
+class Draws:
+    """The component drawn at each position of one epoch, per the exhaustion rule, made block by block.
+
+    An epoch is cut into blocks of ``_BLOCK`` positions. How many draws of
+    each component a block holds comes first, for all blocks at once
+    (multinomial by weight among the components that still have records,
+    a few vectorised passes: O(blocks x components), ~7k rows for 30M
+    records); the order inside a block is a shuffle of its counts keyed by
+    the block, made only for the blocks a process reads. So a rank's start
+    costs O(its share), not O(the epoch), and every process agrees.
+    """
+
+    def __init__(self, sizes: Sequence[int], weights: Sequence[float], exhaustion: str, key: int) -> None:
+        if len(sizes) > 255:
+            raise OptionError(f"a mixture of {len(sizes)} components is more than the 255 supported")
+        self.key = key
+        self.components = len(sizes)
+        rng = np.random.Generator(np.random.Philox(key=key))
+        size = np.asarray(sizes, dtype=np.int64)
+        weight = np.asarray(weights, dtype=np.float64)
+        total = int(size.sum())
+        blocks = max(1, -(-total // _BLOCK))
+        lengths = np.full(blocks, _BLOCK, dtype=np.int64)
+        lengths[-1] = total - _BLOCK * (blocks - 1)
+        self._cut: tuple[int, int, np.ndarray] | None = None
+        if exhaustion == "restart":
+            counts = rng.multinomial(lengths, weight / weight.sum())
+        elif exhaustion == "stop_on_first":
+            counts = rng.multinomial(lengths, weight / weight.sum())
+            over = (np.cumsum(counts, axis=0) > size).any(axis=1)
+            if over.any():
+                last = int(np.argmax(over))
+                before = counts[:last].sum(axis=0)
+                order = self._shuffled(last, counts[last])
+                taken = np.cumsum(np.eye(self.components, dtype=np.int64)[order], axis=0) + before
+                stop = int(np.argmax((taken > size).any(axis=1)))
+                self._cut = (last, stop, counts[last].copy())
+                counts = counts[: last + 1].copy()
+                counts[last] = np.bincount(order[:stop], minlength=self.components)
+                lengths = lengths[: last + 1].copy()
+                lengths[last] = stop
+        else:  # stop_on_all: a spent component drops out, the rest renormalise
+            counts = np.zeros((blocks, self.components), dtype=np.int64)
+            remaining = size.copy()
+            i = 0
+            while i < blocks:
+                p = np.where(remaining > 0, weight, 0.0)
+                drawn = rng.multinomial(lengths[i:], p / p.sum())
+                over = (np.cumsum(drawn, axis=0) > remaining).any(axis=1)
+                fit = int(np.argmax(over)) if over.any() else len(drawn)
+                counts[i : i + fit] = drawn[:fit]
+                remaining -= drawn[:fit].sum(axis=0)
+                i += fit
+                if i < blocks:  # block i would overdraw a component: fill it within what is left
+                    counts[i] = _fill(int(lengths[i]), remaining, weight, rng)
+                    remaining -= counts[i]
+                    i += 1
+        self.counts = counts
+        self.prefix = np.vstack([np.zeros((1, self.components), np.int64), np.cumsum(counts, axis=0)])
+        self.length = int(lengths.sum())
+        self._blocks: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _shuffled(self, block: int, counts: np.ndarray) -> np.ndarray:
+        order = np.repeat(np.arange(self.components, dtype=np.uint8), counts)
+        np.random.Generator(np.random.Philox(key=self.key ^ ((block + 1) * 0x9E3779B97F4A7C15 & (2**64 - 1)))).shuffle(
+            order
+        )
+        return order
+
+    def block(self, b: int) -> np.ndarray:
+        """The components drawn in block ``b``, in order."""
+        found = self._blocks.get(b)
+        if found is None:
+            if self._cut is not None and b == self._cut[0]:
+                found = self._shuffled(b, self._cut[2])[: self._cut[1]]
+            else:
+                found = self._shuffled(b, self.counts[b])
+            if len(self._blocks) >= 8:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[b] = found
+        return found
+
+    def locate(self, j: int) -> tuple[int, int]:
+        """(component, k): position ``j`` of the epoch is the k-th draw of that component."""
+        b, offset = divmod(j, _BLOCK)
+        order = self.block(b)
+        component = int(order[offset])
+        return component, int(self.prefix[b, component]) + int(np.count_nonzero(order[:offset] == component))
+
+
+def _fill(n: int, remaining: np.ndarray, weight: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``n`` draws by weight, none beyond a component's ``remaining`` records (their total is at least n)."""
+    counts = np.zeros(len(remaining), dtype=np.int64)
+    while (left := n - int(counts.sum())) > 0:
+        room = remaining - counts
+        p = np.where(room > 0, weight, 0.0)
+        counts += np.minimum(rng.multinomial(left, p / p.sum()), room)
+    return counts
+
+
 def draw_sequence(sizes: Sequence[int], weights: Sequence[float], exhaustion: str, key: int) -> np.ndarray:
-    """The component drawn at each position of one epoch (uint8), per the exhaustion rule."""
-    if len(sizes) > 255:
-        raise OptionError(f"a mixture of {len(sizes)} components is more than the 255 supported")
-    rng = np.random.Generator(np.random.Philox(key=key))
-    total = int(sum(sizes))
-    weights_arr = np.asarray(weights, dtype=np.float64)
-    if exhaustion == "restart":
-        p = weights_arr / weights_arr.sum()
-        return rng.choice(len(sizes), size=total, p=p).astype(np.uint8)
-    remaining = np.asarray(sizes, dtype=np.int64)
-    active = remaining > 0
-    parts = []
-    while active.any():
-        p = np.where(active, weights_arr, 0.0)
-        p /= p.sum()
-        draws = rng.choice(len(sizes), size=int(remaining[active].sum()), p=p)
-        # Keep the draws up to the first that would take a record a component no longer has.
-        counts = np.zeros((len(draws), len(sizes)), dtype=np.int64) if len(sizes) * len(draws) < 2**24 else None
-        if counts is not None:
-            counts[np.arange(len(draws)), draws] = 1
-            over = (np.cumsum(counts, axis=0) > remaining).any(axis=1)
-        else:
-            over = np.zeros(len(draws), dtype=bool)
-            for c in range(len(sizes)):
-                over |= np.cumsum(draws == c) > remaining[c]
-        stop = int(np.argmax(over)) if over.any() else len(draws)
-        taken = draws[:stop]
-        parts.append(taken.astype(np.uint8))
-        remaining -= np.bincount(taken, minlength=len(sizes))
-        if exhaustion == "stop_on_first" and stop < len(draws):
-            break
-        active = remaining > 0
-    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+    """The component drawn at each position of one epoch (uint8), whole: for tests and small epochs."""
+    draws = Draws(sizes, weights, exhaustion, key)
+    return np.concatenate([draws.block(b) for b in range(len(draws.counts))])
 
 
 class MixtureSource:
@@ -115,7 +190,7 @@ class MixtureSource:
         """Records in one epoch (only ``stop_on_first`` makes it vary by epoch)."""
         if self.exhaustion != "stop_on_first":
             return sum(self.sizes)
-        return len(_draws(self.sizes, self.weights, self.exhaustion, epoch_key(seed, epoch, "mixture"))[0])
+        return len(_draws(self.sizes, self.weights, self.exhaustion, epoch_key(seed, epoch, "mixture")))
 
     def __len__(self) -> int:
         return sum(self.sizes)
@@ -126,16 +201,8 @@ class MixtureSource:
 
 
 @functools.lru_cache(maxsize=4)
-def _draws(
-    sizes: tuple[int, ...], weights: tuple[float, ...], exhaustion: str, key: int
-) -> tuple[np.ndarray, np.ndarray]:
-    sequence = draw_sequence(sizes, weights, exhaustion, key)
-    # prefix[b, c]: how many of the first b * _BLOCK draws went to component c.
-    blocks = -(-len(sequence) // _BLOCK)
-    prefix = np.zeros((blocks + 1, len(sizes)), dtype=np.int64)
-    for b in range(blocks):
-        prefix[b + 1] = prefix[b] + np.bincount(sequence[b * _BLOCK : (b + 1) * _BLOCK], minlength=len(sizes))
-    return sequence, prefix
+def _draws(sizes: tuple[int, ...], weights: tuple[float, ...], exhaustion: str, key: int) -> Draws:
+    return Draws(sizes, weights, exhaustion, key)
 
 
 class MixtureView:
@@ -165,12 +232,8 @@ class MixtureView:
         """(component, k): the record at ``index`` is the k-th draw of that component this epoch."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        sequence, prefix = _draws(self.source.sizes, self.source.weights, self.source.exhaustion, self.key)
-        j = self.schedule.start + index
-        component = int(sequence[j])
-        block = j // _BLOCK
-        k = int(prefix[block, component]) + int(np.count_nonzero(sequence[block * _BLOCK : j] == component))
-        return component, k
+        draws = _draws(self.source.sizes, self.source.weights, self.source.exhaustion, self.key)
+        return draws.locate(self.schedule.start + index)
 
     def _component_view(self, component: int, round_: int) -> EpochView:
         key = (component, round_)
