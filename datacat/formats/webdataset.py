@@ -287,6 +287,7 @@ class WebDatasetReader:
         self.storage_options = dict(plan.storage_options)
         self.declared = tuple(s.samples for s in plan.shards)
         self.manifest_key = plan.manifest
+        self.block_size = int(plan.loading.read_ahead)
         self.index_files: tuple[str, ...] = ()
         self.counts: tuple[int, ...] = ()
         self.offsets: tuple[int, ...] = ()
@@ -344,7 +345,7 @@ class WebDatasetReader:
 
     def _index_shard(self, i: int) -> ShardFacts:
         url = self.urls[i]
-        with open_url(url, self.storage_options) as stream:
+        with open_url(url, self.storage_options, block_size=self.block_size) as stream:
             size = int(stream.size) if hasattr(stream, "size") else os.fstat(stream.fileno()).st_size
             spans, compressed = member_spans(stream, url, seekable=not is_remote(url))
         if compressed:
@@ -403,7 +404,7 @@ class WebDatasetReader:
     def iter_shard(self, index: int) -> Iterator[RawItem]:
         """The raw samples of shard ``index``, in the order of the tar."""
         url = self.urls[index]
-        with open_url(url, self.storage_options) as stream:
+        with open_url(url, self.storage_options, block_size=self.block_size) as stream:
             for position, (key, fields) in enumerate(group_by_key(tar_members(stream, url), url)):
                 yield RawItem(key, url, (index << 32) | position, fields)
 
