@@ -104,6 +104,8 @@ class FaultProxy:
         self.delay, self.fail_rate, self.cut_large, self.reset_rate = delay, fail_rate, cut_large, reset_rate
         self.requests = 0
         self.faults = 0
+        self.log: list[tuple[str, str, str | None]] = []
+        """(method, path, Range header) of every request, in order."""
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._cut: set[str] = set()
@@ -137,6 +139,7 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self._lock:
             self.requests = self.faults = 0
+            self.log = []
 
     def _draw(self) -> float:
         with self._lock:
@@ -157,6 +160,8 @@ class FaultProxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         draw = self._draw()
+        with self._lock:
+            self.log.append((handler.command, handler.path, handler.headers.get("range")))
         ranged = "range" in {k.lower() for k in handler.headers}
         if handler.command == "GET" and draw < self.fail_rate:
             self._fault()

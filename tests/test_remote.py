@@ -104,3 +104,51 @@ def test_every_record_once_under_faults_in_both_frameworks(faulty, shards: Path,
             assert sorted(keys) == sorted(expected), (framework, name)
         assert faulty.faults > 0
         assert sum(r["retries"] for r in results) > 0, f"{framework}: no retries reported under {faulty.faults} faults"
+
+
+def test_after_verify_a_glob_entry_opens_with_no_listing_or_footer_read(
+    faulty, gcs_emulator: str, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from storage_servers import FaultProxy
+
+    clean = FaultProxy(gcs_emulator).start()
+    try:
+        catalog = tmp_path / "glob.yaml"
+        catalog.write_text(
+            "gar: {description: d, format: array_record, location: {root: 'gs://remote-test', path: ar, "
+            f"shards: '*.array_record', storage_options: {{token: anon, endpoint_url: '{clean.url}'}}}}, "
+            "record: {layout: packed, key: key}, loading: {val_batches: 0, image_size: 16}}\n"
+        )
+        env = {
+            **os.environ,
+            "DATACAT_CATALOG": str(catalog),
+            "CLOUD_STORAGE_EMULATOR_ENDPOINT": clean.url,
+            "PYTHONWARNINGS": "ignore",
+        }
+        verified = subprocess.run(
+            [sys.executable, "-c", "from datacat.cli import main; main()", "verify", "gar"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert any(path.endswith("/o") or "/o?" in path for _, path, _ in clean.log)  # verify listed the folder
+        clean.reset_counts()
+        code = (  # start-up only: reading records opens each shard's reader, which reads its footer then
+            "import datacat\n"
+            "assert datacat.describe('gar')['shard_count'] == 3\n"
+            "loader = datacat.open('gar', framework='torch', batch_size=8)\n"
+            "print('BATCHES', len(loader))\n"
+        )
+        opened = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert "BATCHES 12" in opened.stdout, opened.stderr[-2000:]
+        listings = [path for _, path, _ in clean.log if path.split("?")[0].endswith("/o")]
+        footers = [rng for _, _, rng in clean.log if rng and rng.startswith("bytes=-")]
+        assert listings == [] and footers == [], clean.log
+    finally:
+        clean.stop()

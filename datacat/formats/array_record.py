@@ -27,7 +27,7 @@ from array_record.python import array_record_data_source, array_record_module
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, record_caption
 from datacat.formats.packed import unpack_pre_resized, unpack_record
-from datacat.formats.storage import is_remote, with_retries
+from datacat.formats.storage import is_remote, read_ranges, with_retries
 from datacat.manifest import Manifest, ShardFacts, load_manifest, save_manifest
 from datacat.resolve import Plan
 
@@ -162,19 +162,20 @@ def _remember_counts(plan: Plan, counts: Sequence[int | None]) -> None:
 
 
 def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
-    """Raises unless fsspec can see remote ``url``: array_record's own GCS client would retry for minutes."""
-    import fsspec  # remote shards only
+    """Raises unless fsspec can read remote ``url``: array_record's own GCS client would retry for minutes.
 
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **storage_options)
-        fs.info(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url) from None
-    except Exception as exc:  # gcsfs/aiohttp raise their own types for network and auth failures
+    One ranged read of one byte: it proves the object exists and the
+    credentials work, with no listing (an ``info`` call lists too).
+    """
+    (result,) = read_ranges([(url, 0, 1)], storage_options)
+    if isinstance(result, FileNotFoundError):
+        raise result
+    if isinstance(result, Exception):
         raise ShardError(
-            f"cannot reach {url}: {exc}. Check the network and credentials, or set DATACAT_ROOT (or root=) "
-            "to a local copy"
-        ) from exc
+            f"cannot reach {url}: {result}. Check the network and credentials, or set DATACAT_ROOT (or root=) "
+            "to a local copy",
+            url=url,
+        ) from result
 
 
 class ArrayRecordReader:
