@@ -184,7 +184,6 @@ class FaultProxy:
             try:
                 conn.request(handler.command, handler.path, body=body, headers=headers)
                 response = conn.getresponse()
-                data = response.read()
                 break
             except (http.client.HTTPException, OSError):
                 conn.close()
@@ -193,8 +192,11 @@ class FaultProxy:
                     raise
         if self.delay:
             threading.Event().wait(self.delay)
+        # Streamed through in pieces, as GCS streams: a client that reads an open-ended range
+        # (array_record's asks for "bytes=N-") and hangs up after its record costs only what it read.
+        length = int(response.getheader("Content-Length") or 0)
         cut = False
-        if self.cut_large and handler.command == "GET" and len(data) > 64 * 1024:
+        if self.cut_large and handler.command == "GET" and length > 64 * 1024:
             key = f"{handler.path}|{handler.headers.get('range')}"
             with self._lock:
                 cut = key not in self._cut
@@ -203,15 +205,23 @@ class FaultProxy:
         for key, value in response.getheaders():
             if key.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                 handler.send_header(key, value)
-        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header("Content-Length", str(length))
         handler.end_headers()
-        if handler.command == "HEAD":
-            return
+        sent, limit = 0, 0 if handler.command == "HEAD" else length // 2 if cut else length
+        try:
+            while sent < limit:
+                piece = response.read(min(256 * 1024, limit - sent))
+                if not piece:
+                    break
+                handler.wfile.write(piece)
+                sent += len(piece)
+            handler.wfile.flush()
+        except OSError:  # the client hung up: the upstream connection still holds the rest
+            handler.close_connection = True
+        if sent < length or handler.close_connection:
+            conn.close()
+            self._local.conn = None
         if cut:
             self._fault()
-            handler.wfile.write(data[: len(data) // 2])
-            handler.wfile.flush()
             handler.close_connection = True
             handler.connection.shutdown(socket.SHUT_RDWR)
-            return
-        handler.wfile.write(data)
