@@ -358,6 +358,14 @@ class BatchView:
         fetched: list[Fetched] = self.view.fetch(range(self.starts[batch], self.starts[batch + 1]))
         return fetched
 
+    def close(self) -> None:
+        """Stops reading ahead: pending reads are cancelled and the thread ends."""
+        if self._pool is not None and self._pid == os.getpid():
+            for future in self._pending.values():
+                future.cancel()
+            self._pool.shutdown(wait=False)
+        self._pool, self._pending = None, {}
+
     def plan_reads(self, batches: Sequence[int]) -> None:
         """Tells the view which batches this process will ask for (ascending), so it reads ahead exactly those."""
         self._upcoming = batches

@@ -109,7 +109,8 @@ class Loader:
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
             view = self.source.view(self.schedule, seed=self.plan.seed, epoch=self.epoch, shuffle=self.shuffle)
-            outputs = self._batches(BatchView(view), self.batch)
+            batches = BatchView(view)
+            outputs = self._batches(batches, self.batch)
             try:
                 for _ in range(self.batch, self.schedule.batches):
                     output = next(outputs, None)
@@ -128,6 +129,7 @@ class Loader:
                 close = getattr(outputs, "close", None)
                 if close is not None:
                     close()
+                batches.close()  # its read-ahead thread, when this process read the batches itself
             self.epoch += 1
             self.batch = 0
             self._restored = None

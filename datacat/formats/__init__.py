@@ -24,7 +24,7 @@ from typing import Any
 from datacat.registry import FORMATS, load_implementation
 from datacat.resolve import Plan
 
-__all__ = ["RawItem", "open_reader", "record_caption"]
+__all__ = ["RawItem", "only_item", "open_reader", "record_caption"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +35,14 @@ class RawItem:
     shard: str
     uid: int
     payload: Any
+
+
+def only_item(results: Sequence[RawItem | Exception]) -> RawItem:
+    """The one item of a reader's ``items([index])``, its error raised."""
+    (result,) = results
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def open_reader(plan: Plan) -> Any:

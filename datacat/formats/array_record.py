@@ -25,7 +25,7 @@ from typing import Any
 from array_record.python import array_record_data_source, array_record_module
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, record_caption
+from datacat.formats import RawItem, only_item, record_caption
 from datacat.formats.packed import unpack_pre_resized, unpack_record
 from datacat.formats.storage import is_remote, read_ranges, with_retries
 from datacat.manifest import Manifest, ShardFacts, load_manifest, save_manifest
@@ -255,10 +255,7 @@ class ArrayRecordReader:
 
     def item(self, index: int) -> RawItem:
         """The raw bytes of global record ``index``."""
-        (result,) = self.items([index])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return only_item(self.items([index]))
 
     def _read_one(self, index: int, shard: int, position: int) -> bytes | Exception:
         try:

@@ -9,7 +9,7 @@ from typing import Any
 import fsspec
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem, record_caption
+from datacat.formats import RawItem, only_item, record_caption
 from datacat.formats.storage import read_many
 from datacat.resolve import Plan
 
@@ -68,10 +68,7 @@ class ImageFolderReader:
 
     def item(self, index: int) -> RawItem:
         """Image ``index`` and its caption file."""
-        (result,) = self.items([index])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return only_item(self.items([index]))
 
     def parse(self, item: RawItem) -> dict[str, Any]:
         """The record of one image file: its bytes and the caption file beside it, if any."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, record_caption
+from datacat.formats import RawItem, only_item, record_caption
 from datacat.formats.storage import read_bytes, read_many
 from datacat.resolve import Plan
 
@@ -94,10 +94,7 @@ class ImageListReader:
 
     def item(self, index: int) -> RawItem:
         """Row ``index`` of the tables, with its image."""
-        (result,) = self.items([index])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return only_item(self.items([index]))
 
     def _path(self, table: str, row: dict[str, Any]) -> str | None:
         path = row.get(str(self.record.image))

@@ -29,7 +29,7 @@ from typing import IO, Any
 import numpy as np
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, record_caption
+from datacat.formats import RawItem, only_item, record_caption
 from datacat.formats.storage import is_remote, open_url, read_ranges
 from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
 from datacat.resolve import Plan
@@ -396,10 +396,7 @@ class WebDatasetReader:
 
     def item(self, index: int) -> RawItem:
         """The raw sample at global ``index``."""
-        (result,) = self.items([index])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return only_item(self.items([index]))
 
     def iter_shard(self, index: int) -> Iterator[RawItem]:
         """The raw samples of shard ``index``, in the order of the tar."""
