@@ -47,6 +47,7 @@ def _reports_errors(func: F) -> F:
 
 
 @click.group()
+@click.version_option(package_name="datacat", prog_name="datacat")
 @click.option(
     "--catalog",
     "catalogs",
@@ -70,7 +71,7 @@ def _human(n: int | None, *, approx: bool = False) -> str:
         return "?"
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
-            return f"{'~' if approx else ''}{n / size:.{3 if n < 10 * size else 2}g}{unit}"
+            return f"{'~' if approx else ''}{n / size:.3g}{unit}"  # 500000 is 500k, 12345678 is 12.3M
     return str(n)
 
 
@@ -123,7 +124,13 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
         ("size", "right"),
         ("location", "left"),
     ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        # The name is what a user types: never cut or wrapped, whatever the terminal's width.
+        table.add_column(
+            col,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=col == "name",
+            min_width=max(len(r["name"]) for r in rows) if col == "name" else None,
+        )
     for row in rows:
         if row["components"]:
             shards = f"{len(row['components'])} parts"

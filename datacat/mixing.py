@@ -243,7 +243,12 @@ class MixtureView:
             # A component's own epoch: the mixture's, or later ones as ``restart`` starts it over.
             seed = epoch_key(self.seed, component, "component")
             self._views[key] = EpochView(
-                source, whole, seed=seed, epoch=self.epoch * 1000 + round_, shuffle=self.shuffle
+                # (epoch, round) packed without overlap: round 1000 of epoch 0 is not round 0 of epoch 1.
+                source,
+                whole,
+                seed=seed,
+                epoch=(self.epoch << 32) | round_,
+                shuffle=self.shuffle,
             )
             if len(self._views) > 2 * len(self.source.components):
                 self._views.pop(next(iter(self._views)))

@@ -29,7 +29,7 @@ from datacat.rules import is_glob, shard_names
 from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Record
 from datacat.shards import brace_numbers
 
-__all__ = ["Plan", "PlanComponent", "Shard", "resolve"]
+__all__ = ["Plan", "PlanComponent", "Shard", "override_loading", "resolve"]
 
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|key", re.IGNORECASE)
 
@@ -174,7 +174,7 @@ def _resolve(
     trail: tuple[str, ...],
 ) -> Plan:
     entry, source = catalog[name], catalog.sources[name]
-    loading = _loading(name, entry.loading, options)
+    loading = override_loading(name, entry.loading, options)
     info = FORMATS[entry.format]
     common: dict[str, Any] = dict(
         name=name,
@@ -296,7 +296,8 @@ def _resolve_mixture(
     )
 
 
-def _loading(name: str, loading: Loading, options: Mapping[str, Any]) -> Loading:
+def override_loading(name: str, loading: Loading, options: Mapping[str, Any]) -> Loading:
+    """``loading`` with ``options`` applied, validated; an unknown or invalid option is an ``OptionError``."""
     if not options:
         return loading
     unknown = set(options) - set(Loading.model_fields)

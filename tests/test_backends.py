@@ -396,3 +396,15 @@ def test_a_stuck_worker_is_an_error_not_a_hang() -> None:
     )
     with pytest.raises(datacat.DatacatError, match=r"no batch came from the worker processes in 1 s"):
         next(iter(loader))
+
+
+def test_open_a_plan_with_options() -> None:
+    plan = datacat.resolve("sample-arrayrecord", seed=1)
+    keys = lambda loader: [k for b in loader for k in b["key"]]  # noqa: E731
+    five = keys(datacat.open(plan, framework="torch", batch_size=8, seed=5))
+    assert five == keys(datacat.open("sample-arrayrecord", framework="torch", batch_size=8, seed=5))
+    assert five != keys(datacat.open(plan, framework="torch", batch_size=8))  # the Plan's own seed, 1
+    with pytest.raises(datacat.OptionError, match="image_size"):
+        datacat.open(plan, framework="torch", batch_size=8, image_size=-3)
+    with pytest.raises(datacat.OptionError, match="split decide which Plan is built"):
+        datacat.open(plan, framework="torch", batch_size=8, split="validation")

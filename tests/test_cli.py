@@ -110,3 +110,29 @@ def test_count_prints_the_totals_an_entry_declares() -> None:
     counted = yaml.safe_load(out)["totals"]
     declared = datacat.load_catalog()["sample"].totals
     assert counted["per_shard"] == declared.per_shard and counted["samples"] == declared.samples == 55
+
+
+def test_version_and_counts_a_person_can_read() -> None:
+    from datacat.cli import _human
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == "datacat, version 0.1.0"
+    assert [_human(500_000), _human(12_345_678), _human(3_300_000, approx=True), _human(999)] == [
+        "500k",
+        "12.3M",
+        "~3.3M",
+        "999",
+    ]
+
+
+def test_list_never_cuts_a_name_on_a_narrow_terminal(monkeypatch) -> None:
+    from rich.console import Console
+
+    import datacat.cli as cli
+
+    monkeypatch.setattr(cli, "out", Console(width=80, highlight=False, force_terminal=False))
+    with cli.out.capture() as captured:
+        CliRunner().invoke(main, ["list"])
+    text = captured.get()
+    assert "aestheticCoyo_0.26_clip_5.5aesthetic_256plus" in text
+    assert "playground+leonardo_x4+cc3m.parquet" in text

@@ -117,3 +117,16 @@ def test_jax_mixture_is_exactly_once_across_ranks(monkeypatch: object) -> None:
     )
     jax_rank0 = sorted(k for batch in results[0][0]["batches"] for k in batch)
     assert torch_keys == jax_rank0  # one schedule: the same records on the same rank
+
+
+def test_restart_rounds_never_repeat_another_epochs_permutation() -> None:
+    from datacat.epochs import Schedule
+    from datacat.mixing import MixtureSource
+
+    catalog = datacat.load_catalog([CATALOG])
+    source = MixtureSource(datacat.resolve("mix", catalog=catalog, batch_size=8))
+    whole = Schedule(110, 0, 110, (110,))
+    first = source.view(whole, seed=1, epoch=0, shuffle=True)._component_view(0, 1000)
+    second = source.view(whole, seed=1, epoch=1, shuffle=True)._component_view(0, 0)
+    # Epoch 0 round 1000 and epoch 1 round 0 were the same key (epoch * 1000 + round) before.
+    assert [first.position(i) for i in range(55)] != [second.position(i) for i in range(55)]

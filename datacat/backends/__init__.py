@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from datacat.catalog import Catalog
 from datacat.errors import BackendUnavailable, OptionError
 from datacat.registry import BACKENDS, load_implementation
-from datacat.resolve import Plan, resolve
-from datacat.schema import Augmentation, BadSamplePolicy, Loading, ResizeMode
+from datacat.resolve import Plan, override_loading, resolve
+from datacat.schema import Augmentation, BadSamplePolicy, ResizeMode
 
 if TYPE_CHECKING:  # the transforms need numpy, which the core install does not have
     from datacat.transforms.captions import Tokenize
@@ -51,8 +51,8 @@ def open_loader(
     *,
     framework: str = "auto",
     batch_size: int,
-    split: str = "train",
-    seed: int = 0,
+    split: str | None = None,
+    seed: int | None = None,
     epochs: int | None = 1,
     shuffle: bool = True,
     num_workers: int = 0,
@@ -77,8 +77,8 @@ def open_loader(
         name_or_plan: An entry name or alias (any case), or a Plan from :func:`datacat.resolve`.
         framework: ``"torch"``, ``"jax"`` or ``"auto"`` (see :func:`choose_framework`).
         batch_size: Records per batch on this rank.
-        split: ``"train"``, ``"validation"`` (a named split, or the holdout), or another split of the entry.
-        seed: Decides every shuffle and augmentation.
+        split: ``"train"`` (default), ``"validation"`` (a named split, or the holdout), or another split of the entry.
+        seed: Decides every shuffle and augmentation (default 0; with a Plan, its own seed).
         epochs: Passes over the data; None for endless.
         num_workers: Worker processes decoding in parallel (0: in this process).
         drop_remainder: Only full batches; the tail that fills no batch on every rank is dropped.
@@ -108,11 +108,26 @@ def open_loader(
     }
     loading = {k: v for k, v in given.items() if v is not None}
     if isinstance(name_or_plan, Plan):
-        merged = Loading.model_validate({**name_or_plan.loading.model_dump(), **loading})
-        plan = name_or_plan.model_copy(update={"batch_size": batch_size, "loading": merged})
+        given_for_resolve = [k for k, v in (("split", split), ("root", root), ("catalog", catalog)) if v is not None]
+        if given_for_resolve:
+            raise OptionError(
+                f"{', '.join(given_for_resolve)} decide which Plan is built; {name_or_plan.name!r} is a Plan already. "
+                f"Pass them to datacat.resolve, or pass the entry's name to datacat.open"
+            )
+        merged = override_loading(name_or_plan.name, name_or_plan.loading, loading)
+        update: dict[str, Any] = {"batch_size": batch_size, "loading": merged}
+        if seed is not None:
+            update["seed"] = seed
+        plan = name_or_plan.model_copy(update=update)
     else:
         plan = resolve(
-            name_or_plan, split=split, root=root, seed=seed, batch_size=batch_size, catalog=catalog, **loading
+            name_or_plan,
+            split=split or "train",
+            root=root,
+            seed=0 if seed is None else seed,
+            batch_size=batch_size,
+            catalog=catalog,
+            **loading,
         )
     opener = load_implementation(BACKENDS[framework])
     return opener(
