@@ -118,6 +118,8 @@ class Loading(_Frozen):
     bad_sample_budget: Annotated[float, Field(ge=0.0, le=1.0)] = 0.001
     """With `skip`: the fraction of records that may be dropped before loading stops."""
     captions: Captions = Captions()
+    max_pixels: PositiveInt = 40_000_000
+    """Images with more pixels are refused from their header, before decoding (one 81 Mpx PNG costs 1 GB)."""
     read_ahead: ByteSize = ByteSize(8 * 2**20)
     """Bytes a remote stream (tar indexing, gzip tars) reads per request; accepts `8 MiB`."""
 

@@ -131,3 +131,51 @@ def test_span_reads_parse_one_sample(tmp_path: Path) -> None:
     stream = io.BytesIO(raw)
     streamed, _ = member_spans(stream, str(path))
     assert (streamed == spans).all()
+
+
+def test_a_fifo_named_like_a_shard_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    catalog = _entry(tmp_path, 2, 3, declare=False)
+    (tmp_path / "01.tar").unlink()
+    os.mkfifo(tmp_path / "01.tar")  # opening it for reading would block until a writer came
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            datacat.open("t", framework="torch", batch_size=2, catalog=catalog)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "open() blocked on a FIFO"
+    assert isinstance(outcome[0], datacat.ShardError) and "01.tar is not a regular file" in str(outcome[0])
+
+
+def test_images_over_the_pixel_limit_are_refused_from_their_header(tmp_path: Path) -> None:
+    catalog = _entry(tmp_path, 1, 4, declare=False)
+    assert datacat.resolve("t", catalog=catalog).loading.max_pixels == 40_000_000
+    loader = datacat.open(
+        "t", framework="torch", batch_size=4, catalog=catalog, on_bad_sample="skip", bad_sample_budget=1.0
+    )
+    assert len([k for b in loader for k in b["key"]]) == 4  # 48x40 images: under the default
+    small = datacat.resolve("t", catalog=catalog, max_pixels=1000)
+    loader = datacat.open(small, framework="torch", batch_size=4, on_bad_sample="skip", bad_sample_budget=1.0)
+    assert [k for b in loader for k in b["key"]] == []
+    assert all("over the 1000-pixel limit" in bad.reason for bad in loader.ledger.skipped)
+
+
+def test_a_missing_fsspec_backend_names_what_to_install(monkeypatch) -> None:
+    import fsspec
+
+    from datacat.formats import storage
+
+    def no_gcsfs(*args, **kwargs):
+        raise ImportError("Install gcsfs to access Google Storage", name="gcsfs")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_gcsfs)
+    with pytest.raises(datacat.BackendUnavailable, match=r"pip install 'datacat\[gcs\]'"):
+        storage.read_bytes("gs://bucket/x.tar")

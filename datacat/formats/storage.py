@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import IO, Any, TypeVar
 
 import fsspec
 
-from datacat.errors import ShardError
+from datacat.errors import BackendUnavailable, ShardError
 
 __all__ = [
     "BLOCK_SIZE",
@@ -139,14 +140,31 @@ def _count_client_retries() -> None:
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     _count_client_retries()
-    return fsspec.core.url_to_fs(url, **dict(storage_options or {}))  # type: ignore[no-any-return]
+    try:
+        return fsspec.core.url_to_fs(url, **dict(storage_options or {}))  # type: ignore[no-any-return]
+    except ImportError as exc:
+        extra = "gcs" if url.startswith(("gs://", "gcs://")) else None
+        hint = f"pip install 'datacat[{extra}]'" if extra else f"install the fsspec backend for it ({exc})"
+        raise BackendUnavailable(f"reading {url} needs {exc.name or 'its fsspec backend'}: {hint}") from exc
+
+
+def _local(url: str) -> str:
+    """The path of a local URL, refused unless it is a regular file: a FIFO or device would block forever."""
+    path = url.removeprefix("file://")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise _not_found(url) from None
+    if not stat.S_ISREG(mode):
+        raise ShardError(f"{url} is not a regular file (a folder, FIFO or device?); a shard must be a file", url=url)
+    return path
 
 
 def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, block_size: int = BLOCK_SIZE) -> IO[bytes]:
     """``url`` opened for binary reading; remote objects read ahead ``block_size`` bytes per request."""
     try:
         if not is_remote(url):
-            return open(url.removeprefix("file://"), "rb")
+            return open(_local(url), "rb")
         fs, path = _filesystem(url, storage_options)
         stream: IO[bytes] = with_retries(
             lambda: fs.open(path, "rb", block_size=block_size, cache_type="readahead"), url
@@ -161,11 +179,8 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, bloc
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
     """The whole content of ``url``."""
     if not is_remote(url):
-        try:
-            with open(url.removeprefix("file://"), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            raise _not_found(url) from None
+        with open(_local(url), "rb") as f:
+            return f.read()
     fs, path = _filesystem(url, storage_options)
     return with_retries(lambda: fs.cat_file(path), url)  # type: ignore[no-any-return]
 
@@ -241,14 +256,15 @@ def read_many(urls: Sequence[str], storage_options: Mapping[str, Any] | None = N
 
 
 def _read_local(path: str, start: int, end: int | None) -> bytes | Exception:
-    if end is None:
-        end = os.path.getsize(path) if os.path.exists(path) else start
     try:
+        path = _local(path)
+        if end is None:
+            end = os.path.getsize(path)
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return _not_found(path)
+    except (FileNotFoundError, ShardError) as exc:
+        return exc
     except OSError as exc:
-        return ShardError(f"cannot open {path}: {exc}")
+        return ShardError(f"cannot open {path}: {exc}", url=path)
     try:
         data = os.pread(fd, end - start, start)
     finally:

@@ -32,6 +32,7 @@ class ImageTransform:
     def __init__(self, plan: Plan, *, tokenize: Tokenize | None = None) -> None:
         self.name = plan.name
         self.size = plan.loading.image_size
+        self.max_pixels = plan.loading.max_pixels
         self.resize = plan.loading.resize
         self.augment = image_augmentations(plan.loading.augmentation)
         self.seed = plan.seed
@@ -48,7 +49,11 @@ class ImageTransform:
         image = record.get("image")
         if image is None:
             raise ValueError("record has no image")
-        pixels = image if isinstance(image, np.ndarray) else decode_image(image, at_least=self.size)
+        pixels = (
+            image
+            if isinstance(image, np.ndarray)
+            else decode_image(image, at_least=self.size, max_pixels=self.max_pixels)
+        )
         pixels = resize_image(pixels, self.size, mode=self.resize)
         pixels = augment_image(self.augment, pixels, rng)
         caption = record.get("caption")
