@@ -4,8 +4,7 @@
 
 Builds a corpus of real photos as img2dataset writes them (JPEGs of 0.2-1
 megapixel, random crops and scales of the licensed photos in
-../shared/data/images, or of the embedded sample's photos where ../shared is
-absent), as webdataset tars and ArrayRecord shards, then times each loader
+tests/data/images), as webdataset tars and ArrayRecord shards, then times each loader
 in its own process, alternating them for ``--rounds`` rounds so that
 machine noise hits all alike. Prints the median images/s of each and its
 ratio to the usual pipeline:
@@ -38,7 +37,7 @@ SIZE = 256
 
 
 def source_photos() -> tuple[list[Image.Image], str]:
-    shared = ROOT.parent / "shared" / "data" / "images"
+    shared = ROOT / "tests" / "data" / "images"
     names = [
         "skimage/astronaut.png",
         "skimage/chelsea.png",

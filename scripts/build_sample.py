@@ -1,6 +1,6 @@
-"""Builds the embedded `sample` dataset under catalog/sample/ from the licensed photos in ../shared/data/images.
+"""Builds the embedded `sample` dataset under catalog/sample/ from the licensed photos in tests/data/images.
 
-    python scripts/build_sample.py [--shared ../shared]
+    python scripts/build_sample.py [--shared tests]
 
 Writes, deterministically (same bytes on every run):
   webdataset/{0000,0001,0003}.tar          key.jpg, key.txt, key.json per sample (shard 0002 is missing on purpose)
@@ -112,7 +112,7 @@ def tar_add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
+    parser.add_argument("--shared", type=Path, default=ROOT / "tests", help="the folder holding data/images")
     parser.add_argument("--out", type=Path, default=ROOT / "catalog" / "sample")
     args = parser.parse_args()
     images = args.shared / "data" / "images"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-SHARED_DATA = SHARED / "data"
+# Licensed third-party test files (images, tars, ArrayRecords), copied with their SOURCES.md.
+SHARED_DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(autouse=True)
@@ -18,10 +18,8 @@ def _isolated_catalog_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyt
 
 
 @pytest.fixture
-def shared_data() -> Path:
-    """../shared/data, the licensed third-party test files; skips where it is absent (as for users)."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} is absent: the shared third-party test data is only on developer and CI machines")
+def licensed_data() -> Path:
+    """tests/data: the licensed third-party test files (their licences and origins in tests/data/SOURCES.md)."""
     return SHARED_DATA
 
 
@@ -38,11 +36,11 @@ def write_catalog(tmp_path: Path):
 
 
 def pytest_report_header() -> str:
-    return f"shared test data: {'present' if SHARED_DATA.is_dir() else 'absent'}; DATACAT_ROOT={os.environ.get('DATACAT_ROOT')}"
+    return f"test data: {SHARED_DATA}; DATACAT_ROOT={os.environ.get('DATACAT_ROOT')}"
 
 
 # gcsfs reads this when first imported: without it, newer gcsfs probes the bucket type over
-# gRPC and waits 60 s per operation against the emulator (../shared/STACK.md).
+# gRPC and waits 60 s per operation against the emulator (a trap noted in the stack notes).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 

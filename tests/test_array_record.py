@@ -52,14 +52,14 @@ def test_pre_resized_layout() -> None:
         unpack_pre_resized({"image": pixels, "shape": struct.pack("<ii", 3, 3)})
 
 
-def test_shared_array_record_files_count(shared_data: Path) -> None:
-    assert count_records(str(shared_data / "array_record" / "digits.array_record-00000-of-00001")) == 10
-    assert count_records(str(shared_data / "array_record" / "operators.array_record-00000-of-00001")) == 4
+def test_shared_array_record_files_count(licensed_data: Path) -> None:
+    assert count_records(str(licensed_data / "array_record" / "digits.array_record-00000-of-00001")) == 10
+    assert count_records(str(licensed_data / "array_record" / "operators.array_record-00000-of-00001")) == 4
 
 
-def test_shared_files_read_through_a_catalog_entry(shared_data: Path, tmp_path: Path) -> None:
+def test_shared_files_read_through_a_catalog_entry(licensed_data: Path, tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text(
-        f"ops:\n  description: d\n  format: array_record\n  location: {{root: {shared_data / 'array_record'}, "
+        f"ops:\n  description: d\n  format: array_record\n  location: {{root: {licensed_data / 'array_record'}, "
         "shards: [digits.array_record-00000-of-00001, operators.array_record-00000-of-00001]}\n  record: {layout: single}\n"
     )
     plan = datacat.resolve("ops", catalog=datacat.load_catalog([tmp_path / "c.yaml"], builtin=False))

@@ -1,4 +1,4 @@
-"""decode_image against Pillow, for every image in ../shared/data/images."""
+"""decode_image against Pillow, for every image in tests/data/images."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def _images(shared: Path) -> list[Path]:
     return sorted(p for p in (shared / "images").rglob("*") if p.is_file())
 
 
-def test_every_shared_image_decodes_or_raises_value_error(shared_data: Path) -> None:
+def test_every_shared_image_decodes_or_raises_value_error(licensed_data: Path) -> None:
     seen = 0
-    for path in _images(shared_data):
+    for path in _images(licensed_data):
         data = path.read_bytes()
         if path.name in BROKEN:
             with pytest.raises(ValueError, match=BROKEN[path.name]):
@@ -42,16 +42,16 @@ def test_every_shared_image_decodes_or_raises_value_error(shared_data: Path) -> 
     assert seen == 23
 
 
-def test_exif_orientation_is_ignored(shared_data: Path) -> None:
+def test_exif_orientation_is_ignored(licensed_data: Path) -> None:
     for name in ("hopper_orientation_3.jpg", "hopper_orientation_6.jpg"):
-        path = shared_data / "images" / "pillow" / name
+        path = licensed_data / "images" / "pillow" / name
         with Image.open(path) as ref:
             np.testing.assert_array_equal(decode_image(path.read_bytes()), np.asarray(ref.convert("RGB")))
 
 
-def test_transparency_is_composited_onto_white(shared_data: Path) -> None:
+def test_transparency_is_composited_onto_white(licensed_data: Path) -> None:
     for name in ("transparent.png", "uncompressed_la.png", "p_trns_single.png", "pil123p.png"):
-        path = shared_data / "images" / "pillow" / name
+        path = licensed_data / "images" / "pillow" / name
         with Image.open(path) as ref:
             rgba = np.asarray(ref.convert("RGBA")).astype(np.float64)
         expected = np.rint(rgba[..., :3] * rgba[..., 3:] / 255 + 255 * (1 - rgba[..., 3:] / 255))
@@ -60,8 +60,8 @@ def test_transparency_is_composited_onto_white(shared_data: Path) -> None:
         assert (got[rgba[..., 3] == 0] == 255).all(), name  # fully transparent is white
 
 
-def test_sixteen_bit_grey_keeps_high_byte_and_transparency(shared_data: Path) -> None:
-    path = shared_data / "images" / "pillow" / "i_trns.png"
+def test_sixteen_bit_grey_keeps_high_byte_and_transparency(licensed_data: Path) -> None:
+    path = licensed_data / "images" / "pillow" / "i_trns.png"
     with Image.open(path) as ref:
         values = np.asarray(ref).astype(np.uint32)
         transparent = ref.info["transparency"]
@@ -72,11 +72,11 @@ def test_sixteen_bit_grey_keeps_high_byte_and_transparency(shared_data: Path) ->
     assert (got[..., 0] == got[..., 2]).all()
 
 
-def test_at_least_uses_the_largest_dct_reduction(shared_data: Path) -> None:
-    data = (shared_data / "images" / "skimage" / "retina.jpg").read_bytes()  # 1411 x 1411
+def test_at_least_uses_the_largest_dct_reduction(licensed_data: Path) -> None:
+    data = (licensed_data / "images" / "skimage" / "retina.jpg").read_bytes()  # 1411 x 1411
     assert decode_image(data, at_least=256).shape == (353, 353, 3)  # 1/4; 1/8 would be 177 < 256
     assert decode_image(data, at_least=800).shape == (1411, 1411, 3)
-    cmyk = (shared_data / "images" / "pillow" / "pil_sample_cmyk.jpg").read_bytes()  # 100 x 100, via Pillow's draft
+    cmyk = (licensed_data / "images" / "pillow" / "pil_sample_cmyk.jpg").read_bytes()  # 100 x 100, via Pillow's draft
     assert decode_image(cmyk, at_least=40).shape == (50, 50, 3)
 
 

@@ -25,8 +25,8 @@ def test_split_key_follows_webdataset() -> None:
     assert split_key("README") is None
 
 
-def test_shared_compressed_tar(shared_data: Path) -> None:
-    url = str(shared_data / "webdataset" / "compressed.tar")
+def test_shared_compressed_tar(licensed_data: Path) -> None:
+    url = str(licensed_data / "webdataset" / "compressed.tar")
     with open(url, "rb") as stream:
         samples = list(group_by_key(tar_members(stream, url), url))
     assert [k for k, _ in samples] == ["compressed/0001", "compressed/0002", "compressed/0003"]
@@ -35,8 +35,8 @@ def test_shared_compressed_tar(shared_data: Path) -> None:
     assert ext == "txt" and isinstance(text, str) and text
 
 
-def test_shared_msgpack_tar(shared_data: Path) -> None:
-    url = str(shared_data / "webdataset" / "mpdata.tar")
+def test_shared_msgpack_tar(licensed_data: Path) -> None:
+    url = str(licensed_data / "webdataset" / "mpdata.tar")
     with open(url, "rb") as stream:
         samples = list(group_by_key(tar_members(stream, url), url))
     assert len(samples) == 100
