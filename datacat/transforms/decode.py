@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import warnings
 
 import numpy as np
@@ -11,7 +12,12 @@ from PIL import Image, UnidentifiedImageError
 
 __all__ = ["decode_image"]
 
+log = logging.getLogger(__name__)
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_SIMPLEJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")  # CMYK and YCCK go through Pillow
+# libjpeg warnings about bytes outside the picture: the pixels are all there.
+_TOLERATED_WARNINGS = ("extraneous bytes before marker", "Unknown APP", "JFIF revision", "ICC profile", "Adobe")
 
 
 def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int | None = None) -> np.ndarray:
@@ -21,22 +27,68 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
     and transparency composited onto white (as img2dataset does). EXIF
     orientation is ignored, as ``PIL.Image.open`` ignores it.
 
-    With ``at_least``, a JPEG is decoded at the largest 1/2, 1/4 or 1/8 DCT
-    reduction that keeps both sides >= at_least, so most of the decode is
-    skipped and the resize after it still only shrinks.
+    With ``at_least``, a JPEG is decoded at the smallest of libjpeg-turbo's
+    M/8 scales that keeps both sides >= at_least, so most of the decode is
+    skipped and the resize after it shrinks by less than 8/7 (by at most 2).
 
     The header is read first and an image over ``max_pixels`` (default
     Pillow's ``MAX_IMAGE_PIXELS``) is refused before any pixel is decoded.
-    Every failure is a ``ValueError`` saying what is wrong.
+    A JPEG with extraneous bytes between segments (web-scraped files often
+    have them, in a damaged EXIF block or before the end marker) is decoded,
+    with a logged warning; one that ends early or whose entropy-coded data is
+    corrupt is refused, since part of its picture would be grey. Every
+    failure is a ``ValueError`` saying what is wrong.
     """
     if not encoded:
         raise ValueError("empty image: 0 bytes")
     limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    if encoded.startswith(_JPEG_MAGIC):
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(encoded)
+        except ValueError as exc:
+            _refuse_unless_tolerated(exc, encoded)  # a damaged segment before the frame: Pillow reads on
+        else:
+            _check_size(width, height, limit)
+            if colorspace in _SIMPLEJPEG_COLORSPACES:
+                try:
+                    return _decode_jpeg(encoded, height, width, at_least)
+                except ValueError as exc:
+                    _refuse_unless_tolerated(exc, encoded)
+    return _decode_with_pillow(encoded, at_least, limit)
+
+
+def _refuse_unless_tolerated(exc: ValueError, encoded: bytes) -> None:
+    message = str(exc)
+    if not any(text in message for text in _TOLERATED_WARNINGS):
+        raise ValueError(f"JPEG ({len(encoded)} bytes) cannot be decoded: {message}") from None
+    log.warning("JPEG decoded despite a libjpeg warning (its picture is intact): %s", message)
+
+
+def _check_size(width: int, height: int, limit: int | None) -> None:
+    if limit and width * height > limit:
+        raise ValueError(
+            f"image refused before decoding: {width}x{height} is over the {limit}-pixel limit (a decompression bomb?)"
+        )
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image header gives an empty size {width}x{height}")
+
+
+def _decode_with_pillow(encoded: bytes, at_least: int | None, limit: int | None) -> np.ndarray:
+    with warnings.catch_warnings(record=True) as caught:
+        # Pillow warns about damaged metadata (EXIF) it read past: logged, not raised in a worker.
+        warnings.simplefilter("always")
+        # The size check is ours; Pillow's own bomb warning would only repeat it.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return _open_and_decode(encoded, at_least, limit)
+        finally:
+            for warning in caught:
+                log.warning("image decoded despite a warning: %s", warning.message)
+
+
+def _open_and_decode(encoded: bytes, at_least: int | None, limit: int | None) -> np.ndarray:
     try:
-        with warnings.catch_warnings():
-            # The size check below is ours; Pillow's own bomb warning would only repeat it.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(encoded))
+        image = Image.open(io.BytesIO(encoded))
     except Image.DecompressionBombError as exc:
         raise ValueError(f"image refused before decoding: {exc}") from None
     except UnidentifiedImageError:
@@ -46,15 +98,8 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
     except (OSError, SyntaxError) as exc:
         raise ValueError(f"not a readable image ({len(encoded)} bytes, starts {encoded[:8]!r}): {exc}") from None
     width, height = image.size
-    if limit and width * height > limit:
-        raise ValueError(
-            f"image refused before decoding: {width}x{height} is over the {limit}-pixel limit (a decompression bomb?)"
-        )
-    if width <= 0 or height <= 0:
-        raise ValueError(f"image header gives an empty size {width}x{height}")
     try:
-        if image.format == "JPEG" and encoded.startswith(_JPEG_MAGIC) and image.mode in ("RGB", "L"):
-            return _decode_jpeg(encoded, height, width, at_least)
+        _check_size(width, height, limit)
         return _decode_pillow(image, at_least)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ValueError(f"{image.format or 'image'} {width}x{height} {image.mode} cannot be decoded: {exc}") from None
@@ -63,15 +108,12 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
 
 
 def _decode_jpeg(encoded: bytes, height: int, width: int, at_least: int | None) -> np.ndarray:
-    # libjpeg-turbo through simplejpeg: several times faster than PIL, with DCT scaling;
-    # strict=True turns libjpeg's warnings (a truncated file) into errors.
-    factor = 1
-    if at_least:
-        factor = next((f for f in (8, 4, 2) if -(-min(height, width) // f) >= at_least), 1)
-    # Asking for exactly the 1/factor size makes libjpeg pick that scale, not an M/8 one between.
-    pixels: np.ndarray = simplejpeg.decode_jpeg(
-        encoded, colorspace="RGB", min_height=-(-height // factor), min_width=-(-width // factor), strict=True
-    )
+    # libjpeg-turbo through simplejpeg: several times faster than PIL. Given a minimum size it
+    # decodes at the smallest of its M/8 scales that keeps both sides at or above it (1/8 skips
+    # the inverse DCT almost entirely); strict=True turns libjpeg's warnings into errors, which
+    # decode_image sorts into tolerated and refused.
+    side = min(at_least or 0, height, width)
+    pixels: np.ndarray = simplejpeg.decode_jpeg(encoded, colorspace="RGB", min_height=side, min_width=side, strict=True)
     return pixels
 
 
