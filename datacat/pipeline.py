@@ -324,7 +324,7 @@ class BatchView:
     data: errors travel as markers.
     """
 
-    def __init__(self, view: EpochView | Any, *, read_ahead: int = 2) -> None:
+    def __init__(self, view: EpochView | Any, *, read_ahead: int = 2, origin: int | None = None) -> None:
         self.view = view  # an EpochView, or a mixing.MixtureView: the same contract
         self.image_size = view.image_size
         self.starts = cumulative(view.schedule.batch_sizes)
@@ -335,7 +335,7 @@ class BatchView:
         self._last: int | None = None
         self._upcoming: Sequence[int] | None = None
         self._retried = retry_count()
-        self._origin = os.getpid()
+        self._origin = os.getpid() if origin is None else origin  # the loader's process, which counts its own retries
 
     def __len__(self) -> int:
         return len(self.starts) - 1

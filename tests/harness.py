@@ -43,6 +43,7 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
             break
     saved = loader.state_dict() if stop_after is not None else None
     iterator.close()
+    loader.close()
     return {
         "batches": batches,
         "pixels": pixels,

@@ -408,3 +408,79 @@ def test_open_a_plan_with_options() -> None:
         datacat.open(plan, framework="torch", batch_size=8, image_size=-3)
     with pytest.raises(datacat.OptionError, match="split decide which Plan is built"):
         datacat.open(plan, framework="torch", batch_size=8, split="validation")
+
+
+PERSISTENT_WORKERS = """
+import json, os, sys, time
+import datacat
+
+def worker_pid(caption):
+    return os.getpid()
+
+if __name__ == "__main__":
+    framework, epochs = sys.argv[1], int(sys.argv[2])
+    loader = datacat.open("sample-arrayrecord", framework=framework, batch_size=4, num_workers=2, seed=1,
+                          epochs=epochs or None, tokenize=worker_pid)
+    pids = {}
+    for batch in loader:
+        pids.setdefault(loader.epoch, set()).update(batch["tokens"])
+        if not epochs:
+            print("WORKERS", json.dumps(sorted(pids[0])), flush=True)
+            time.sleep(120)
+    print("PIDS", json.dumps({e: sorted(p) for e, p in pids.items()}), os.getpid())
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_workers_live_across_epochs(framework: str, tmp_path: Path) -> None:
+    script = tmp_path / "epochs.py"
+    script.write_text(PERSISTENT_WORKERS)
+    done = subprocess.run(
+        [sys.executable, str(script), framework, "3"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("PIDS "))
+    pids, main = line[len("PIDS ") :].rsplit(" ", 1)
+    per_epoch = json.loads(pids)
+    assert sorted(per_epoch) == ["0", "1", "2"]
+    assert all(p == per_epoch["0"] for p in per_epoch.values()), per_epoch  # no worker started again
+    assert len(per_epoch["0"]) == 2 and int(main) not in per_epoch["0"]
+
+
+def test_grain_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    script = tmp_path / "train.py"
+    script.write_text(PERSISTENT_WORKERS)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "jax", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = next(line for line in proc.stdout if line.startswith("WORKERS "))
+        workers = json.loads(line.split(" ", 1)[1])
+        assert workers and all(Path(f"/proc/{pid}").exists() for pid in workers)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # as the OOM killer or a preempted job does: no cleanup runs
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
+        time.sleep(0.2)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"grain workers {alive} outlived their killed parent"
+
+
+def test_unguarded_script_with_grain_workers_gets_one_clear_error(tmp_path: Path) -> None:
+    # grain spawns its workers, which run an unguarded script's top level again: say so, briefly.
+    done = run_script(
+        tmp_path / "train.py",
+        "import datacat\n"
+        "loader = datacat.open('sample-arrayrecord', framework='jax', batch_size=8, num_workers=2)\n"
+        "print('RECORDS', sum(len(b['key']) for b in loader))\n",
+    )
+    assert done.returncode != 0 and "RECORDS" not in done.stdout
+    assert 'under `if __name__ == "__main__":`' in done.stderr, done.stderr[-3000:]
+    assert "OptionError" in done.stderr and len(done.stderr.splitlines()) < 30, done.stderr

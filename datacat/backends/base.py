@@ -1,14 +1,17 @@
 """What both backends share: the epoch loop, batching by schedule, the ledger, and resumable state.
 
-A backend supplies only ``_batches(view, first)``: the outputs of a
-``BatchView`` from batch ``first`` on, in batch order, computed in its own
-worker processes (each worker builds whole batches: one message per batch),
-and ``_finish`` to turn a collated numpy batch into its framework's batch.
+A backend supplies only ``_batches(epoch, first)``: the outputs of that
+epoch's ``BatchView`` from batch ``first`` on, in batch order, computed in
+its own worker processes (each worker builds whole batches: one message per
+batch; ``Epochs`` lets a worker build any epoch's view itself, so workers
+live across epochs), and ``_finish`` to turn a collated numpy batch into its
+framework's batch.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +25,57 @@ from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger
 
-__all__ = ["Loader"]
+__all__ = ["Epochs", "Loader"]
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
+HOLDOUT_SHARE = 0.1
+"""A holdout over this share of the records is warned of: a default meant for millions met a small set."""
+
+
+class Epochs:
+    """One rank's epochs of one source, cut into batches: picklable, so a worker builds any epoch's view.
+
+    ``batches(epoch)`` is the same ``BatchView`` in every process, since
+    everything it depends on (source, seed, rank, batch size) is here.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        name: str,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        drop_remainder: bool,
+    ) -> None:
+        self.source = source  # a SampleSource or MixtureSource
+        self.name, self.seed, self.shuffle = name, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.drop_remainder = batch_size, drop_remainder
+        self.origin = os.getpid()  # the loader's process: workers report their retries to it
+
+    def __repr__(self) -> str:
+        return f"Epochs({self.name!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
+
+    def schedule(self, epoch: int) -> Schedule:
+        """Which records of epoch ``epoch`` this rank reads, in which batches."""
+        return plan_schedule(
+            self.source.epoch_length(self.seed, epoch),
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            drop_remainder=self.drop_remainder,
+            name=self.name,
+        )
+
+    def batches(self, epoch: int) -> BatchView:
+        """This rank's batches of epoch ``epoch``, by batch index."""
+        view = self.source.view(self.schedule(epoch), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        return BatchView(view, origin=self.origin)
 
 
 class Loader:
@@ -69,11 +119,41 @@ class Loader:
             plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
         )
         self.drop_remainder = drop_remainder
+        self.epochs_of = Epochs(
+            self.source,
+            name=plan.name,
+            seed=plan.seed,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            drop_remainder=drop_remainder,
+        )
         self.schedule: Schedule = self._schedule(0)
+        self._warn_of_a_large_holdout()
         self.epoch = 0
         self.batch = 0  # batches delivered in the current epoch
         self._restored: dict[str, Any] | None = None
         self._worker_retries = 0
+
+    def _warn_of_a_large_holdout(self) -> None:
+        held, plan = self.plan.holdout_records, self.plan
+        if not held or plan.from_holdout or not hasattr(self.source, "total"):
+            return
+        total = self.source.total()
+        if held > HOLDOUT_SHARE * total:
+            log.warning(
+                "%s: the validation holdout takes %d of %d records (%.0f%%): val_batches %d x batch size %d. "
+                "Training reads the other %d. Set loading.val_batches lower (0 for none), or val_split to a split "
+                "of its own",
+                plan.name,
+                held,
+                total,
+                100 * held / total,
+                plan.loading.val_batches,
+                plan.batch_size,
+                max(total - held, 0),
+            )
 
     def __repr__(self) -> str:
         return (
@@ -96,21 +176,12 @@ class Loader:
         return self.source.ledger
 
     def _schedule(self, epoch: int) -> Schedule:
-        return plan_schedule(
-            self.source.epoch_length(self.plan.seed, epoch),
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            drop_remainder=self.drop_remainder,
-            name=self.plan.name,
-        )
+        return self.epochs_of.schedule(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
-            view = self.source.view(self.schedule, seed=self.plan.seed, epoch=self.epoch, shuffle=self.shuffle)
-            batches = BatchView(view)
-            outputs = self._batches(batches, self.batch)
+            outputs = self._batches(self.epoch, self.batch)
             try:
                 for _ in range(self.batch, self.schedule.batches):
                     output = next(outputs, None)
@@ -129,13 +200,31 @@ class Loader:
                 close = getattr(outputs, "close", None)
                 if close is not None:
                     close()
-                batches.close()  # its read-ahead thread, when this process read the batches itself
             self.epoch += 1
             self.batch = 0
             self._restored = None
+        self.close()  # every epoch delivered: the workers are not needed again
 
-    def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
+    def close(self) -> None:
+        """Stops this loader's worker processes (they live across epochs); iterating again starts new ones."""
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
+
+    def _in_process(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+        """The batches of ``epoch`` from ``first`` on, built in this process (no workers)."""
+        batches = self.epochs_of.batches(epoch)
+        try:
+            for index in range(first, len(batches)):
+                yield batches[index]
+        finally:
+            batches.close()  # its read-ahead thread
 
     def _finish(self, batch: dict[str, Any]) -> Any:
         return batch

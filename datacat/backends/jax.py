@@ -1,13 +1,15 @@
-"""The jax backend: an EpochView as a grain ``MapDataset`` source, prefetched in grain worker processes.
+"""The jax backend: this rank's batches as a grain ``MapDataset`` source, prefetched in grain worker processes.
 
-The source is ``grain.MapDataset.source(batches)``, one element per batch
-of this process's slice of the epoch (the view already holds the epoch's
-global shuffle from the seed); the shared transform and collation run
-inside ``batches[b]`` in the workers, and ``mp_prefetch`` spreads the
-batches over processes: interleaved for random access formats (the same
-order for any worker count), consecutive runs for tar shards so each worker
-reads its shards front to back. Resuming uses grain's iterator
-``get_state``/``set_state``.
+For random access formats the source is every batch of every epoch from
+where the loader starts (``_EpochRun``: element ``i`` is a batch of some
+epoch, built by that epoch's BatchView, which already holds the epoch's
+global shuffle from the seed), so one pool of grain workers serves all
+epochs, interleaved (the same order for any worker count), and resuming is
+starting the run at the saved epoch and batch. The shared transform and
+collation run inside the workers. A stream format (gzip tars) gets one
+source per epoch, split into consecutive runs so each worker reads its
+shards front to back, and resumes through grain's ``get_state``/``set_state``.
+Grain workers exit when the process that started them dies.
 
 Batches are dicts of numpy arrays, or with ``device_put=True`` global
 ``jax.Array`` s laid out over the local devices (the VQGAN example's
@@ -16,6 +18,13 @@ Batches are dicts of numpy arrays, or with ``device_put=True`` global
 
 from __future__ import annotations
 
+import bisect
+import functools
+import multiprocessing
+import os
+import re
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,10 +33,12 @@ import grain
 import jax
 import numpy as np
 
-from datacat.backends.base import Loader
+from datacat.backends.base import Epochs, Loader
 from datacat.errors import OptionError
 from datacat.pipeline import BatchView
 from datacat.resolve import Plan
+
+_ENDLESS = 1 << 48  # batches in an endless run: grain needs a length
 
 __all__ = ["JaxLoader", "open_jax"]
 
@@ -40,6 +51,83 @@ def _mark_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
+_GUARD = re.compile(r"""^\s*if\s+__name__\s*==\s*['"]__main__['"]""", re.MULTILINE)
+_UNGUARDED = (
+    "grain starts its worker processes by spawning them, and a spawned process runs the script's top level "
+    'again: put the code that opens the loader under `if __name__ == "__main__":` (or pass num_workers=0)'
+)
+
+
+def _unguarded_script() -> bool:
+    """Whether ``__main__`` is a script file with no ``if __name__ == "__main__":`` guard."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as source:
+            return _GUARD.search(source.read()) is None
+    except OSError:
+        return False
+
+
+def _spawned_and_starting() -> bool:
+    # A spawned child imports the parent's main module as __mp_main__ before it runs its task.
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _die_with(parent: int, worker_index: int, worker_count: int) -> None:
+    # grain spawns its workers; a parent killed by SIGKILL would leave them waiting forever.
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="datacat-parent-watch", daemon=True).start()
+
+
+class _EpochRun:
+    """Every batch of epochs ``epoch, epoch + 1, ...`` from batch ``first`` of the first, as one sequence.
+
+    Element ``i`` is built by its epoch's BatchView, made in the process that
+    reads it when first needed (workers read their indices in order, so only
+    the current epoch's view is kept).
+    """
+
+    def __init__(self, epochs: Epochs, epoch: int, first: int, last: int | None) -> None:
+        self.epochs, self.epoch, self.first, self.last = epochs, epoch, first, last
+        self._starts = [0]  # element index where each epoch from self.epoch begins
+        self._view: tuple[int, BatchView] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_view": None}
+
+    def __repr__(self) -> str:
+        return f"_EpochRun({self.epochs!r}, from epoch {self.epoch} batch {self.first}, until {self.last})"
+
+    def __len__(self) -> int:
+        if self.last is None:
+            return _ENDLESS
+        while len(self._starts) <= self.last - self.epoch:
+            self._grow()
+        return self._starts[self.last - self.epoch]
+
+    def _grow(self) -> None:
+        epoch = self.epoch + len(self._starts) - 1
+        skipped = self.first if epoch == self.epoch else 0
+        self._starts.append(self._starts[-1] + self.epochs.schedule(epoch).batches - skipped)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        while self._starts[-1] <= index:
+            self._grow()
+        offset = bisect.bisect_right(self._starts, index) - 1
+        epoch = self.epoch + offset
+        if self._view is None or self._view[0] != epoch:
+            if self._view is not None:
+                self._view[1].close()
+            self._view = (epoch, self.epochs.batches(epoch))
+        return self._view[1][index - self._starts[offset] + (self.first if offset == 0 else 0)]
+
+
 class JaxLoader(Loader):
     """Batches as dicts of numpy arrays (or ``jax.Array`` with ``device_put=True``)."""
 
@@ -48,11 +136,16 @@ class JaxLoader(Loader):
     def __init__(
         self, plan: Plan, *, device_put: bool = False, sharding: Any = None, read_threads: int = 1, **options: Any
     ) -> None:
+        if options.get("num_workers", 0) > 0 and _spawned_and_starting():
+            raise SystemExit(
+                f"datacat: {_UNGUARDED}"
+            )  # a worker re-running an unguarded script: one line, no traceback
         super().__init__(plan, **options)
         self.read_threads = read_threads
         self.device_put = device_put or sharding is not None
         self.sharding = sharding
         self._iterator: Any = None
+        self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
@@ -65,29 +158,66 @@ class JaxLoader(Loader):
                     "and a batch_size divisible by the device count"
                 )
 
-    def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
+    def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+        if not self.source.random_access:
+            return self._stream_epoch(epoch, first)
+        return self._from_run(epoch, first)
+
+    def _from_run(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+        if self._iterator is None or self._next != (epoch, first):
+            # First epoch, or the last one was left early: a new run from here.
+            self.close()
+            run = _EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
+            self._iterator = iter(self._prefetched(grain.MapDataset.source(run), sequential=False))
+            self._next = (epoch, first)
+        batches = self.schedule.batches
+        for index in range(first, batches):
+            try:
+                output = next(self._iterator)
+            except Exception:  # sorted here: the workers of an unguarded script die starting; other errors propagate
+                if self.num_workers > 0 and _unguarded_script():
+                    self.close()
+                    raise OptionError(f"{self.plan.name}: {_UNGUARDED}") from None
+                raise
+            self._next = (epoch, index + 1) if index + 1 < batches else (epoch + 1, 0)
+            yield output
+
+    def _stream_epoch(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+        batches = self.epochs_of.batches(epoch)
+        try:
+            iterator = iter(self._prefetched(grain.MapDataset.source(batches), sequential=True))
+            saved = (self._restored or {}).get("grain")
+            if first and saved is not None:
+                iterator.set_state(saved)
+            elif first:
+                for _ in range(first):  # no grain state to restore (another worker count): read past
+                    next(iterator)
+            self._iterator = iterator
+            yield from iterator
+        finally:
+            self._iterator = None
+            batches.close()
+
+    def _prefetched(self, source: Any, *, sequential: bool) -> Any:
         # One reader thread per process: a batch is already a unit of work, and more
         # threads would only contend for the two cores with the worker processes.
-        dataset = grain.MapDataset.source(batches).to_iter_dataset(grain.ReadOptions(num_threads=self.read_threads))
+        dataset = source.to_iter_dataset(grain.ReadOptions(num_threads=self.read_threads))
         if self.num_workers > 0:
             _mark_flags_parsed()
             dataset = dataset.mp_prefetch(
                 grain.multiprocessing.MultiprocessingOptions(num_workers=self.num_workers),
-                sequential_slice=not self.source.random_access,
+                worker_init_fn=functools.partial(_die_with, os.getpid()),
+                sequential_slice=sequential,
             )
-        iterator = iter(dataset)
-        saved = (self._restored or {}).get("grain")
-        if first and saved is not None:
-            iterator.set_state(saved)
-        elif first:
-            for _ in range(first):  # no grain state to restore (another worker count): read past
-                next(iterator)
-        self._iterator = iterator
-        return iterator  # type: ignore[no-any-return]
+        return dataset
+
+    def close(self) -> None:
+        # Dropping grain's iterator stops its worker processes.
+        self._iterator, self._next = None, None
 
     def _backend_state(self) -> dict[str, Any]:
-        if self._iterator is None or self.batch == 0:
-            return {}
+        if self._iterator is None or self.batch == 0 or self.source.random_access:
+            return {}  # a run restarts at the saved epoch and batch
         return {"grain": self._iterator.get_state()}
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:

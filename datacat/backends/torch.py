@@ -1,12 +1,13 @@
-"""The torch backend: an EpochView served through ``torch.utils.data.DataLoader`` worker processes.
+"""The torch backend: each epoch's BatchView served through ``torch.utils.data.DataLoader`` worker processes.
 
 Each worker builds whole batches of this rank's slice (random access
 formats: every ``num_workers``-th batch, so the merged order is the same for
 any worker count; stream formats: one contiguous run of batches each, read
 front to back), sends each as tensors through shared memory, and the main
-process takes them in order. The shard list is
-shuffled by seed and epoch and split by rank and worker, as a webdataset
-pipeline does, with the records read by datacat's shared readers.
+process takes them in order. The workers live across epochs
+(``persistent_workers``): before each epoch the main process writes the
+epoch and first batch into a small shared array, and each worker builds
+that epoch's view itself from the pickled ``Epochs``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from datacat.backends.base import Loader
+from datacat.backends.base import Epochs, Loader
 from datacat.epochs import round_robin_consumed
 from datacat.errors import DatacatError, OptionError
-from datacat.pipeline import BatchView
 from datacat.resolve import Plan
 
 __all__ = ["TorchLoader", "open_torch", "worker_indices"]
@@ -53,23 +53,32 @@ def worker_indices(length: int, start: int, workers: int, worker: int, *, sequen
 
 
 class _BatchStream(IterableDataset):  # type: ignore[type-arg]
-    """The batches of one BatchView that this DataLoader worker builds."""
+    """The batches this DataLoader worker builds of the epoch ``position`` names: ``[epoch, first batch]``.
 
-    def __init__(self, batches: BatchView, start: int, sequential: bool) -> None:
-        self.batches, self.start, self.sequential = batches, start, sequential
+    ``position`` is shared memory the main process writes before each epoch
+    (a list when there are no workers), so one pool of workers serves them all.
+    """
+
+    def __init__(self, epochs: Epochs, position: Any, sequential: bool) -> None:
+        self.epochs, self.position, self.sequential = epochs, position, sequential
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        indices = worker_indices(len(self.batches), self.start, workers, worker, sequential=self.sequential)
-        self.batches.plan_reads(indices)
-        for index in indices:
-            output = self.batches[index]
-            batch = output["batch"]
-            for key in ("image", "label", "embedding"):
-                if key in batch:
-                    batch[key] = torch.from_numpy(batch[key])  # tensors cross to the main process in shared memory
-            yield output
+        epoch, start = int(self.position[0]), int(self.position[1])
+        batches = self.epochs.batches(epoch)
+        try:
+            indices = worker_indices(len(batches), start, workers, worker, sequential=self.sequential)
+            batches.plan_reads(indices)
+            for index in indices:
+                output = batches[index]
+                batch = output["batch"]
+                for key in ("image", "label", "embedding"):
+                    if key in batch:
+                        batch[key] = torch.from_numpy(batch[key])  # tensors cross to the main process in shared memory
+                yield output
+        finally:
+            batches.close()  # its read-ahead thread
 
 
 def _identity(item: Any) -> Any:
@@ -86,16 +95,24 @@ def _worker_context() -> multiprocessing.context.BaseContext | None:
     """Fork, as torch does by default, unless forking this process is known to break the workers.
 
     A forked worker segfaults once array_record's C++ client has run in this
-    process, and may deadlock beside a loaded jax. Then the workers start from a
+    process, and may deadlock beside a started jax backend. Then the workers start from a
     forkserver (a clean process started once, torch preloaded), which needs the
     script's top level behind ``if __name__ == "__main__":``.
     """
     array_record = sys.modules.get("datacat.formats.array_record")
-    if "jax" not in sys.modules and not (array_record is not None and array_record.opened_here()):
+    if not _jax_started() and not (array_record is not None and array_record.opened_here()):
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "datacat.backends.torch"])
     return context
+
+
+def _jax_started() -> bool:
+    # Importing jax (grain imports it) starts no thread; a jax backend does. Unknown means started.
+    if "jax" not in sys.modules:
+        return False
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bridge is None or bool(getattr(bridge, "_backends", True))
 
 
 def _unless_stuck(batches: Iterator[dict[str, Any]], timeout: float, name: str) -> Iterator[dict[str, Any]]:
@@ -146,25 +163,39 @@ class TorchLoader(Loader):
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
         self.worker_timeout = worker_timeout
+        self._workers: DataLoader | None = None  # type: ignore[type-arg]
+        self._position: Any = None
 
-    def _batches(self, batches: BatchView, first: int) -> Iterator[dict[str, Any]]:
-        stream = _BatchStream(batches, first, sequential=not self.source.random_access)
+    def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+        sequential = not self.source.random_access
         if self.num_workers == 0:
-            return iter(stream)
+            return iter(_BatchStream(self.epochs_of, [epoch, first], sequential))
+        if self._workers is None:
+            self._workers = self._start_workers(sequential)
+        self._position[0], self._position[1] = epoch, first
+        return _unless_stuck(iter(self._workers), self.worker_timeout, self.plan.name)
+
+    def _start_workers(self, sequential: bool) -> DataLoader:  # type: ignore[type-arg]
         context = self.multiprocessing_context or _worker_context()
+        mp = multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
         if context is not None and context != "fork":
-            _check_picklable(stream)
-        loader = DataLoader(
-            stream,
+            _check_picklable(_BatchStream(self.epochs_of, [0, 0], sequential))
+        self._position = mp.RawArray("q", 2)  # reaches every worker as it starts, so any start method works
+        return DataLoader(
+            _BatchStream(self.epochs_of, self._position, sequential),
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor,
+            persistent_workers=True,
             multiprocessing_context=context,
             worker_init_fn=None if context is None else functools.partial(_inherit_environment, dict(os.environ)),
             timeout=self.worker_timeout,
         )
-        return _unless_stuck(iter(loader), self.worker_timeout, self.plan.name)
+
+    def close(self) -> None:
+        # Dropping the DataLoader drops its iterator, whose finaliser stops and joins the workers.
+        self._workers = None
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.image_layout == "chw_float":
