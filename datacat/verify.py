@@ -17,11 +17,9 @@ import posixpath
 from collections.abc import Callable
 from typing import Any
 
-import fsspec
-
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError, ShardError
-from datacat.formats.storage import is_remote
+from datacat.formats.storage import filesystem, is_remote, with_retries
 from datacat.manifest import Manifest, ShardFacts, save_manifest
 from datacat.pipeline import SampleSource
 from datacat.resolve import Plan, Shard, resolve
@@ -179,9 +177,9 @@ def _join(base: str, name: str) -> str:
 
 def _list(plan: Plan) -> dict[str, tuple[int | None, str | None]]:
     """Files directly in the shards' folder: name -> (bytes, storage checksum)."""
-    fs, path = fsspec.core.url_to_fs(plan.root, **plan.storage_options)
+    fs, path = filesystem(plan.root, plan.storage_options)
     try:
-        entries = fs.ls(path, detail=True)
+        entries = with_retries(lambda: fs.ls(path, detail=True), plan.root)
     except FileNotFoundError:
         raise FileNotFoundError(2, f"folder not found: {plan.root}; check the entry's root", plan.root) from None
     out: dict[str, tuple[int | None, str | None]] = {}

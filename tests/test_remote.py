@@ -152,3 +152,49 @@ def test_after_verify_a_glob_entry_opens_with_no_listing_or_footer_read(
         assert listings == [] and footers == [], clean.log
     finally:
         clean.stop()
+
+
+DEADLINE_PROBE = """
+import sys, time
+import datacat
+name, framework = sys.argv[1], sys.argv[2]
+started = time.monotonic()
+try:
+    next(iter(datacat.open(name, framework=framework, batch_size=8)))
+except datacat.ShardError as exc:
+    print("CAUGHT", round(time.monotonic() - started), exc.url, "|", exc)
+"""
+
+
+def test_storage_that_never_answers_is_an_error_within_the_deadline(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    # A listening socket nobody accepts from: connections succeed in the kernel, no byte ever comes back.
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(128)
+        url = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        env = {
+            **os.environ,
+            "DATACAT_CATALOG": str(_catalog(tmp_path, "gs://remote-test", url)),
+            "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
+            "DATACAT_READ_TIMEOUT": "4",
+            "DATACAT_CONNECT_TIMEOUT": "4",
+            "PYTHONWARNINGS": "ignore",
+        }
+        for name, framework in (("rtar", "torch"), ("rar", "jax")):
+            done = subprocess.run(
+                [sys.executable, "-c", DEADLINE_PROBE, name, framework],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            line = next((ln for ln in done.stdout.splitlines() if ln.startswith("CAUGHT ")), None)
+            assert line is not None, (name, done.stdout[-1000:], done.stderr[-3000:])
+            seconds, where = line.split()[1:3]
+            assert where.startswith("gs://remote-test/") and "no answer within 4 s" in line, line
+            assert int(seconds) <= 20, line

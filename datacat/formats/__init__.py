@@ -12,7 +12,8 @@ the same for its sources):
   be opened raises :class:`~datacat.errors.ShardError` (or
   ``FileNotFoundError``) naming it.
 - Stream readers (``access == "stream"``) give ``iter_shard(i)``; random
-  access readers give ``__len__`` and ``item(i)`` as well.
+  access readers (and tar readers whose shards are indexed) give
+  ``__len__``, ``item(i)`` and ``items(indices)`` as well.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, only_item, record_caption
 from datacat.formats.packed import unpack_pre_resized, unpack_record
 from datacat.formats.storage import is_remote, read_ranges, with_retries
+from datacat.limits import connect_timeout
 from datacat.manifest import Manifest, ShardFacts, load_manifest, save_manifest
 from datacat.resolve import Plan
 
@@ -93,7 +94,8 @@ def _open(url: str) -> Any:
         raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
     raise ShardError(
         f"ArrayRecord shard {url} cannot be read ({status or 'no valid footer'}): it is truncated or not an "
-        "ArrayRecord file. Re-copy it, or add it to the entry's missing list."
+        "ArrayRecord file. Re-copy it, or add it to the entry's missing list.",
+        url=url,
     )
 
 
@@ -167,9 +169,9 @@ def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
     One ranged read of one byte: it proves the object exists and the
     credentials work, with no listing (an ``info`` call lists too).
     """
-    (result,) = read_ranges([(url, 0, 1)], storage_options)
-    if isinstance(result, FileNotFoundError):
-        raise result
+    (result,) = read_ranges([(url, 0, 1)], storage_options, seconds=connect_timeout())
+    if isinstance(result, FileNotFoundError | ShardError):
+        raise result  # it names the URL and what to check
     if isinstance(result, Exception):
         raise ShardError(
             f"cannot reach {url}: {result}. Check the network and credentials, or set DATACAT_ROOT (or root=) "
@@ -299,7 +301,8 @@ class ArrayRecordReader:
         if actual != self.counts[shard]:
             raise ShardError(
                 f"ArrayRecord shard {url} has {actual} records, the catalog declares {self.counts[shard]}; "
-                "correct totals.per_shard or re-copy the shard"
+                "correct totals.per_shard or re-copy the shard",
+                url=url,
             )
         self._checked.add(shard)
 

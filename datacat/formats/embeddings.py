@@ -76,7 +76,9 @@ class EmbeddingsReader:
                 )
             array = np.load(io.BytesIO(read_bytes(url, self.storage_options)), allow_pickle=False)
             if array.ndim != 2 or array.shape[1] != self.spec.dim:
-                raise ShardError(f"{url} has shape {array.shape}, the catalog declares [records, {self.spec.dim}]")
+                raise ShardError(
+                    f"{url} has shape {array.shape}, the catalog declares [records, {self.spec.dim}]", url=url
+                )
             self._loaded = (number, array.astype(self.spec.dtype, copy=False))
         return self._loaded[1]
 

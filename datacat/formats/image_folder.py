@@ -6,11 +6,9 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
-
 from datacat.errors import ShardError
 from datacat.formats import RawItem, only_item, record_caption
-from datacat.formats.storage import read_many
+from datacat.formats.storage import filesystem, read_many, with_retries
 from datacat.resolve import Plan
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFolderReader"]
@@ -29,11 +27,11 @@ class ImageFolderReader:
         self.files: list[tuple[str, str]] = []  # (folder url, image url)
         captions: set[str] = set()
         for shard in plan.shards:
-            fs, root = fsspec.core.url_to_fs(shard.url, **self.storage_options)
-            if not fs.isdir(root):
-                raise ShardError(f"image folder {shard.url} does not exist or is not a folder")
+            fs, root = filesystem(shard.url, self.storage_options)
+            if not with_retries(lambda: fs.isdir(root), shard.url):  # noqa: B023 (called at once)
+                raise ShardError(f"image folder {shard.url} does not exist or is not a folder", url=shard.url)
             prefix, root = shard.url.rstrip("/"), root.rstrip("/")
-            for path in sorted(fs.find(root)):
+            for path in sorted(with_retries(lambda: fs.find(root), shard.url)):  # noqa: B023
                 url = prefix + "/" + posixpath.relpath(path, root)
                 if path.lower().endswith(IMAGE_SUFFIXES):
                     self.files.append((shard.url, url))

@@ -29,11 +29,11 @@ def read_table(url: str, storage_options: dict[str, Any], columns: list[str]) ->
         try:
             import pyarrow.parquet as pq  # only parquet lists need pyarrow
         except ImportError as exc:
-            raise ShardError(f"{url} is parquet, which needs pyarrow: pip install pyarrow") from exc
+            raise ShardError(f"{url} is parquet, which needs pyarrow: pip install pyarrow", url=url) from exc
         table = pq.read_table(io.BytesIO(data))
         missing = [c for c in columns if c not in table.column_names]
         if missing:
-            raise ShardError(f"table {url} has no column(s) {missing} (it has {table.column_names})")
+            raise ShardError(f"table {url} has no column(s) {missing} (it has {table.column_names})", url=url)
         return table.select(columns).to_pylist()  # type: ignore[no-any-return]
     delimiter = "\t" if url.endswith(".tsv") else ","
     text = data.decode("utf-8")
@@ -46,7 +46,7 @@ def read_table(url: str, storage_options: dict[str, Any], columns: list[str]) ->
     header = rows[0]
     missing = [c for c in columns if c not in header]
     if missing:
-        raise ShardError(f"table {url} has no column(s) {missing} (its header is {header})")
+        raise ShardError(f"table {url} has no column(s) {missing} (its header is {header})", url=url)
     return [dict(zip(header, row, strict=False)) for row in rows[1:] if row]
 
 

@@ -12,6 +12,7 @@ asyncio gather).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import random
@@ -22,19 +23,26 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 import fsspec
+from fsspec.exceptions import FSTimeoutError
 
-from datacat.errors import BackendUnavailable, ShardError
+from datacat.errors import BackendUnavailable, ShardError, storage_failure
+from datacat.limits import connect_timeout, deadline, read_timeout
+from datacat.redact import redact, remember
 
 __all__ = [
     "BLOCK_SIZE",
     "RETRIES",
+    "failed",
+    "filesystem",
     "is_remote",
     "open_url",
     "read_bytes",
     "read_many",
     "read_ranges",
     "retry_count",
+    "too_slow",
     "transient",
+    "with_retries",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,7 @@ RETRIES = 6
 
 _retries = 0
 _retries_lock = threading.Lock()
+_last_client_error = ""  # what gcsfs last retried after, for a deadline's error message
 
 
 def retry_count() -> int:
@@ -84,31 +93,61 @@ def transient(exc: BaseException) -> bool:
     )
 
 
+def failed(url: str, exc: BaseException, doing: str = "cannot read") -> ShardError:
+    """The ShardError for a storage failure at ``url``: the client's words, redacted, and what to check."""
+    return ShardError(
+        f"{doing} {url}: {type(exc).__name__}: {redact(exc)}. Check the URL, the network and the credentials "
+        "in storage_options",
+        url=url,
+    )
+
+
 def with_retries(read: Callable[[], T], url: str, *, any_error: bool = False) -> T:
     """``read()``, retried with backoff while it fails transiently; then a ShardError naming ``url``.
 
+    A storage failure that is not transient is a ShardError at once; an
+    exception from anything else (a bug) propagates as it is.
     ``any_error``: retry every error but a missing object. A client that
     parses what it reads (array_record's) reports a body cut short by the
     network as a damaged file; only a retry tells the two apart.
     """
     global _retries
     delay = 0.1
+    limit, started = read_timeout(), time.monotonic()
     for attempt in range(RETRIES + 1):
         try:
             return read()
         except Exception as exc:  # sorted below: only transient errors are retried, the rest re-raised as they are
             if isinstance(exc, FileNotFoundError):
                 raise _not_found(url) from None
+            if isinstance(exc, FSTimeoutError) or (
+                transient(exc) and time.monotonic() - started + delay >= limit and is_remote(url)
+            ):
+                raise too_slow(url, limit) from None
             if not (transient(exc) or (any_error and not isinstance(exc, ShardError))):
-                raise
+                if isinstance(exc, ShardError) or not storage_failure(exc):
+                    raise
+                raise failed(url, exc) from None  # the client's own text may hold a credential: not chained
             if attempt == RETRIES:
-                raise ShardError(f"{url}: still failing after {RETRIES} retries: {type(exc).__name__}: {exc}") from exc
+                raise ShardError(
+                    f"{url}: still failing after {RETRIES} retries: {type(exc).__name__}: {redact(exc)}", url=url
+                ) from None
             with _retries_lock:
                 _retries += 1
-            log.info("retrying %s after %s: %s", url, type(exc).__name__, exc)
+            log.info("retrying %s after %s: %s", url, type(exc).__name__, redact(exc))
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 5.0)
     raise AssertionError("unreachable")
+
+
+def too_slow(url: str, seconds: float) -> ShardError:
+    """The error for a read of ``url`` that passed its deadline: the storage client's last complaint, and the fix."""
+    last = f" (the storage client was retrying after: {redact(_last_client_error)})" if _last_client_error else ""
+    return ShardError(
+        f"{url}: no answer within {seconds:.0f} s{last}. The storage is unreachable or stalled: check the URL, "
+        "the network and the credentials (DATACAT_READ_TIMEOUT sets the deadline)",
+        url=url,
+    )
 
 
 def _not_found(url: str) -> FileNotFoundError:
@@ -123,10 +162,14 @@ class _ClientRetries(logging.Filter):
         self.passes = passes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        global _retries
-        if record.levelno == logging.DEBUG and "retrying after exception" in record.getMessage():
+        global _retries, _last_client_error
+        message = record.getMessage()
+        if record.levelno == logging.DEBUG and "retrying after exception" in message:
             with _retries_lock:
                 _retries += 1
+            _last_client_error = message.split("retrying after exception: ", 1)[-1]
+        if "out of retries on exception" in message or "non-retriable exception" in message:
+            return False  # datacat raises one error naming the URL; the client's traceback would only repeat it
         return record.levelno >= self.passes
 
 
@@ -138,14 +181,46 @@ def _count_client_retries() -> None:
     client.setLevel(logging.DEBUG)
 
 
-def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec filesystem and path of ``url``; a client that cannot be made is a ShardError naming the URL."""
+    remember(storage_options or {})
     _count_client_retries()
+    options = dict(storage_options or {})
+    if url.startswith(("gs://", "gcs://")):
+        options.setdefault("requests_timeout", read_timeout())  # each HTTP request of a streamed read, too
     try:
-        return fsspec.core.url_to_fs(url, **dict(storage_options or {}))  # type: ignore[no-any-return]
+        if not is_remote(url):
+            return fsspec.core.url_to_fs(url, **options)  # type: ignore[no-any-return]
+        # Making a client can itself wait on the network (gcsfs looks for credentials, a metadata
+        # server among them): bounded like a read. fsspec caches the client once it exists.
+        making = concurrent.futures.Future[tuple[Any, str]]()
+
+        def make() -> None:
+            try:
+                making.set_result(fsspec.core.url_to_fs(url, **options))
+            except BaseException as exc:  # handed to the caller below, whatever it is
+                making.set_exception(exc)
+
+        threading.Thread(target=make, name="datacat-storage-client", daemon=True).start()
+        try:
+            return making.result(timeout=connect_timeout())
+        except concurrent.futures.TimeoutError:
+            raise ShardError(
+                f"cannot connect to {url}: the storage client was not ready within {connect_timeout():.0f} s "
+                "(looking for credentials, or the network is down). Check the network and the credentials in "
+                "storage_options (DATACAT_CONNECT_TIMEOUT sets the deadline)",
+                url=url,
+            ) from None
     except ImportError as exc:
         extra = "gcs" if url.startswith(("gs://", "gcs://")) else None
         hint = f"pip install 'datacat[{extra}]'" if extra else f"install the fsspec backend for it ({exc})"
-        raise BackendUnavailable(f"reading {url} needs {exc.name or 'its fsspec backend'}: {hint}") from exc
+        raise BackendUnavailable(f"reading {url} needs {exc.name or 'its fsspec backend'}: {hint}") from None
+    except (ValueError, TypeError) as exc:  # the client refused its options (a malformed token, an unknown key)
+        raise failed(url, exc, "cannot connect to") from None
+    except Exception as exc:  # sorted here: storage failures (a credential check over the network) are translated
+        if not storage_failure(exc):
+            raise
+        raise failed(url, exc, "cannot connect to") from None
 
 
 def _local(url: str) -> str:
@@ -165,7 +240,7 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, bloc
     try:
         if not is_remote(url):
             return open(_local(url), "rb")
-        fs, path = _filesystem(url, storage_options)
+        fs, path = filesystem(url, storage_options)
         stream: IO[bytes] = with_retries(
             lambda: fs.open(path, "rb", block_size=block_size, cache_type="readahead"), url
         )
@@ -173,7 +248,7 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, bloc
     except FileNotFoundError:
         raise _not_found(url) from None
     except (IsADirectoryError, PermissionError) as exc:
-        raise ShardError(f"cannot open {url}: {exc}") from exc
+        raise ShardError(f"cannot open {url}: {redact(exc)}", url=url) from None
 
 
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
@@ -181,14 +256,19 @@ def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> by
     if not is_remote(url):
         with open(_local(url), "rb") as f:
             return f.read()
-    fs, path = _filesystem(url, storage_options)
-    return with_retries(lambda: fs.cat_file(path), url)  # type: ignore[no-any-return]
+    fs, path = filesystem(url, storage_options)
+    return with_retries(lambda: fs.cat_file(path, **deadline(fs)), url)  # type: ignore[no-any-return]
 
 
 def read_ranges(
-    requests: Sequence[tuple[str, int, int | None]], storage_options: Mapping[str, Any] | None = None
+    requests: Sequence[tuple[str, int, int | None]],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    seconds: float | None = None,
 ) -> list[bytes | Exception]:
     """The bytes ``[start, end)`` of each ``(url, start, end)`` (end None: to the end), fetched concurrently.
+
+    The fetch has a deadline (``seconds``, default ``limits.read_timeout()``).
 
     A range that cannot be read after retries is returned as its exception
     (``FileNotFoundError`` or ``ShardError`` naming the URL), so one bad
@@ -201,15 +281,26 @@ def read_ranges(
             out[i] = _read_local(url.removeprefix("file://"), start, end)
     if not remote:
         return out
-    fs, _ = _filesystem(requests[remote[0]][0], storage_options)
+    fs, _ = filesystem(requests[remote[0]][0], storage_options)
     pending = remote
     global _retries
     delay = 0.1
+    limit = read_timeout() if seconds is None else seconds
+    started = time.monotonic()
     for attempt in range(RETRIES + 1):
         paths = [fs._strip_protocol(requests[i][0]) for i in pending]
-        results = fs.cat_ranges(
-            paths, [requests[i][1] for i in pending], [requests[i][2] for i in pending], on_error="return"
-        )
+        try:
+            results = fs.cat_ranges(
+                paths,
+                [requests[i][1] for i in pending],
+                [requests[i][2] for i in pending],
+                on_error="return",
+                **deadline(fs, max(limit - (time.monotonic() - started), 0.01)),
+            )
+        except FSTimeoutError:
+            for i in pending:
+                out[i] = too_slow(requests[i][0], limit)
+            break
         again = []
         for i, result in zip(pending, results, strict=True):
             url = requests[i][0]
@@ -220,9 +311,11 @@ def read_ranges(
             elif transient(result) and attempt < RETRIES:
                 again.append(i)
             else:
-                error = ShardError(f"cannot read bytes {requests[i][1]}-{requests[i][2]} of {url}: {result}")
-                error.__cause__ = result
-                out[i] = error
+                out[i] = failed(url, result, f"cannot read bytes {requests[i][1]}-{requests[i][2]} of")
+        if again and time.monotonic() - started + delay >= limit:
+            for i in again:
+                out[i] = too_slow(requests[i][0], limit)
+            break
         if not again:
             break
         with _retries_lock:
@@ -246,7 +339,7 @@ def read_many(urls: Sequence[str], storage_options: Mapping[str, Any] | None = N
         except (FileNotFoundError, ShardError) as exc:
             out.append(exc)
         except OSError as exc:
-            out.append(ShardError(f"cannot read {url}: {exc}"))
+            out.append(ShardError(f"cannot read {url}: {exc}", url=url))
     remote = [i for i, url in enumerate(urls) if is_remote(url)]
     if remote:
         sizes = read_ranges([(urls[i], 0, None) for i in remote], storage_options)
@@ -270,5 +363,7 @@ def _read_local(path: str, start: int, end: int | None) -> bytes | Exception:
     finally:
         os.close(fd)
     if len(data) != end - start:
-        return ShardError(f"{path} ends before byte {end} (read {len(data)} of {end - start} from {start}); re-copy it")
+        return ShardError(
+            f"{path} ends before byte {end} (read {len(data)} of {end - start} from {start}); re-copy it", url=path
+        )
     return data

@@ -97,7 +97,8 @@ def check_archive_end(after: bytes, rest: Any, offset: int, url: str) -> None:
             at = offset + seen - len(chunk) + stray
             raise ShardError(
                 f"shard {url} is damaged at byte {at}: the tar's member list ends there but its data goes on "
-                "(a corrupt header, or a file that is not a tar). Re-copy the shard, or add it to the entry's missing list"
+                "(a corrupt header, or a file that is not a tar). Re-copy the shard, or add it to the entry's missing list",
+                url=url,
             )
         chunk = rest.read(1 << 20)
         if not chunk:
@@ -106,13 +107,15 @@ def check_archive_end(after: bytes, rest: Any, offset: int, url: str) -> None:
     if seen < 1024:
         raise ShardError(
             f"shard {url} is truncated at byte {offset + seen}: it ends without the tar end-of-archive blocks. "
-            "Re-copy the shard, or add it to the entry's missing list"
+            "Re-copy the shard, or add it to the entry's missing list",
+            url=url,
         )
 
 
 def tar_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
     """(path, bytes) of each regular file in a plain or compressed tar stream, in order, to its proper end."""
     tail = _Tail(stream)
+    abandoned = False
     try:
         with tarfile.open(fileobj=tail, mode="r|*") as tar:  # type: ignore[call-overload]
             compressed = getattr(tar.fileobj, "comptype", "tar") != "tar"
@@ -122,14 +125,20 @@ def tar_members(stream: IO[bytes], url: str) -> Iterator[tuple[str, bytes]]:
                 handle = tar.extractfile(info)
                 if handle is None:
                     continue
-                yield info.name, handle.read()
+                try:
+                    yield info.name, handle.read()
+                except GeneratorExit:
+                    abandoned = True  # closed mid-shard (a loader dropped at exit): nothing to check or report
+                    raise
             if compressed:  # the bytes tarfile read past are decompressed out of sight; check what follows
                 check_archive_end(b"\0" * 1024, tar.fileobj, tar.offset, url)
             else:
                 behind = tail.pos - tar.offset
                 check_archive_end(tail.tail[-behind:] if behind > 0 else b"", tail, tar.offset, url)
     except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile, ValueError, zlib.error) as exc:
-        raise ShardError(f"shard {url} is not a readable tar (or is truncated): {exc}") from exc
+        if abandoned:
+            return  # closing the stream of a dropped reader failed (its file already closed at exit)
+        raise ShardError(f"shard {url} is not a readable tar (or is truncated): {exc}", url=url) from exc
 
 
 def member_spans(stream: IO[bytes], url: str, *, seekable: bool = False) -> tuple[np.ndarray, bool]:
@@ -181,7 +190,7 @@ def member_spans(stream: IO[bytes], url: str, *, seekable: bool = False) -> tupl
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         if isinstance(exc, RecordError):
             raise
-        raise ShardError(f"shard {url} is not a readable tar (or is truncated): {exc}") from exc
+        raise ShardError(f"shard {url} is not a readable tar (or is truncated): {exc}", url=url) from exc
     return np.asarray(spans, dtype=np.int64).reshape(-1, 2), False
 
 
@@ -336,7 +345,8 @@ class WebDatasetReader:
             if declared is not None and declared != fact.records:
                 raise ShardError(
                     f"tar shard {url} holds {fact.records} samples, the catalog declares {declared}: the shard is "
-                    "damaged or the entry is wrong; re-copy the shard or correct totals.per_shard"
+                    "damaged or the entry is wrong; re-copy the shard or correct totals.per_shard",
+                    url=url,
                 )
         self.counts = tuple(f.records for f in known)
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 from collections import Counter
 from typing import Any
 
 from datacat.errors import BadSampleBudgetExceeded, DatacatError, OptionError, RecordError, ShardError
+from datacat.redact import redact
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 
@@ -23,10 +25,9 @@ __all__ = ["BadSample", "Ledger", "bad_marker", "error_marker", "is_marker"]
 log = logging.getLogger(__name__)
 _BAD, _ERROR = "__bad__", "__error__"
 _ERRORS: dict[str, type[Exception]] = {
-    "ShardError": ShardError,
     "RecordError": RecordError,
+    "ShardError": ShardError,
     "OptionError": OptionError,
-    "FileNotFoundError": FileNotFoundError,
     "DatacatError": DatacatError,
 }
 
@@ -50,10 +51,20 @@ def bad_marker(bad: BadSample) -> dict[str, Any]:
 
 
 def error_marker(exc: BaseException) -> dict[str, Any]:
-    """What a worker yields in place of raising, so the main process raises it cleanly."""
+    """What a worker yields in place of raising, so the main process raises the same error.
+
+    The exception itself travels (its class and attributes: ``url``, ``key``,
+    ``filename``) when it survives pickling unchanged; otherwise its class name
+    and redacted message, raised as the nearest datacat class.
+    """
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+    except Exception:  # any exception can fail to pickle in its own way; the fallback below says what it was
+        copy = None
+    if type(copy) is type(exc) and str(copy) == str(exc):
+        return {_ERROR: exc.with_traceback(None)}
     kind = next((name for name, cls in _ERRORS.items() if isinstance(exc, cls)), "DatacatError")
-    message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return {_ERROR: (kind, message)}
+    return {_ERROR: (kind, f"{type(exc).__name__}: {redact(exc)}")}
 
 
 def is_marker(output: dict[str, Any]) -> bool:
@@ -92,11 +103,11 @@ class Ledger:
         """The sample in ``output``, or None for a skipped one; raises per the policy or a worker's error."""
         self.seen += 1
         if _ERROR in output:
-            kind, message = output[_ERROR]
-            cls = _ERRORS.get(kind, DatacatError)
-            if cls is FileNotFoundError:
-                raise FileNotFoundError(2, message)
-            raise cls(message)
+            error = output[_ERROR]
+            if isinstance(error, BaseException):
+                raise error
+            kind, message = error
+            raise _ERRORS.get(kind, DatacatError)(message)
         if _BAD in output:
             bad = BadSample(*output[_BAD])
             if self.policy == "raise":
