@@ -29,9 +29,6 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """pytest against the installed wheel (not the source tree), every extra installed."""
     session.install(*CONSTRAINTS, ".[all,test]")
-    session.run(
-        "python",
-        "-c",
-        "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.endswith('+cpu') else 'torch is not the CPU build')",
-    )
+    # Either torch build passes; say which one this run has (README: the CPU build comes from PyTorch's index).
+    session.run("python", "-c", "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)")
     session.run("pytest", *session.posargs)

@@ -19,7 +19,8 @@ from rich.table import Table
 
 from datacat.catalog import Catalog, load_catalog
 from datacat.describe import describe as describe_entry
-from datacat.errors import CatalogError, DatacatError, OptionError
+from datacat.errors import BackendUnavailable, CatalogError, DatacatError, OptionError
+from datacat.redact import redact
 from datacat.resolve import resolve
 from datacat.schema import BadSamplePolicy, Entry
 
@@ -40,10 +41,21 @@ def _reports_errors(func: F) -> F:
             err.print(f"{len(exc.problems)} problem(s).", markup=False)
             sys.exit(1)
         except (DatacatError, FileNotFoundError) as exc:
-            err.print(f"error: {exc}", markup=False)
+            err.print(f"error: {redact(exc)}", markup=False)
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _readers_installed(command: str) -> None:
+    """Raises BackendUnavailable naming the extra when the shard readers' libraries are not installed."""
+    try:
+        import datacat.pipeline  # noqa: F401 (numpy, Pillow, simplejpeg, OpenCV come with it)
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"`datacat {command}` reads shards, which needs {exc.name or 'the readers'}: pip install 'datacat[images]' "
+            "(or 'datacat[torch]' / 'datacat[jax]', which include it)"
+        ) from None
 
 
 @click.group()
@@ -209,9 +221,15 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
             say(f"{indent}  missing shards (excluded): {', '.join(plan['missing'])}")
     samples = plan["samples"]
     exactness = "declared per shard" if plan["samples_exact"] else "declared, approximate"
+    if plan.get("samples_counted"):
+        exactness = "counted when first read, from the manifest cache"
     say(
         f"{indent}  samples: {'?' if samples is None else f'{samples:,}'}"
-        + ("" if samples is None else f" ({exactness})")
+        + (
+            " (no per_shard declared: counted when a loader opens; `datacat verify` counts once for all)"
+            if samples is None
+            else f" ({exactness})"
+        )
     )
     say(f"{indent}  size: {_bytes(plan['bytes'])}")
     loading = plan["loading"]
@@ -220,6 +238,12 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
         f"resize {loading['resize']}, val_batches {loading['val_batches']}, val_split {loading['val_split']}, "
         f"count {loading['count']}, on_bad_sample {loading['on_bad_sample']} (budget {loading['bad_sample_budget']})"
     )
+    if loading["val_batches"] and not loading["val_split"]:
+        batch = plan.get("batch_size") or 16
+        say(
+            f"{indent}  holdout: the first val_batches {loading['val_batches']} x batch size records are the validation "
+            f"split, never trained on ({loading['val_batches'] * batch:,} at batch size {batch}; --split validation reads them)"
+        )
     if plan["storage_options_shown"]:
         say(f"{indent}  storage_options: {json.dumps(plan['storage_options_shown'])}")
     say(f"{indent}  seed {plan['seed']}, split {plan['split']}, plan fingerprint {info['fingerprint']}")
@@ -293,6 +317,12 @@ def load(
     )
     total = batches or len(loader)
     out.print(f"{loader!r}", markup=False)
+    if loader.plan.holdout_records:
+        out.print(
+            f"holdout: {loader.plan.holdout_records:,} records (val_batches {loader.plan.loading.val_batches} x batch "
+            f"{batch_size}) are the validation split, not trained on; {loader.schedule.records:,} train records an epoch",
+            markup=False,
+        )
     images, first, elapsed = 0, None, 0.0
     started = time.perf_counter()
     batches_iter = iter(loader)
@@ -318,7 +348,8 @@ def load(
                 if i + 1 >= total:
                     break
         finally:
-            batches_iter.close()  # stops the worker processes now, not at exit
+            batches_iter.close()
+            loader.close()  # stops the worker processes now, not at exit
     assert first is not None  # len(loader) >= 1 is guaranteed by its schedule
     for key, value in first.items():
         if hasattr(value, "shape"):
@@ -364,6 +395,7 @@ def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None
     """Count the records of every shard of NAME and print the totals lines for its catalog entry."""
     import concurrent.futures
 
+    _readers_installed("count")
     from datacat.pipeline import SampleSource
 
     plan = resolve(name, catalog=_catalog(ctx), root=root, val_batches=0, count=None)
@@ -389,6 +421,7 @@ def verify(ctx: click.Context, name: str, deep: bool, as_json: bool, root: str |
     """Check NAME's shards against storage (absent, unexpected, counts, bytes) and write its manifest; exit 1 on any mismatch."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    _readers_installed("verify")
     from datacat.verify import verify as verify_entry
 
     with Progress(

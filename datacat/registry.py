@@ -31,12 +31,14 @@ class FormatInfo(Implementation):
     """A format's reader plus what a catalog entry of that format must declare.
 
     ``access`` is ``"random"`` for formats read by index (array_record, image
-    lists) and ``"stream"`` for formats read front to back (tar shards).
+    lists), ``"indexed"`` for tar shards (read by index through a byte index
+    of their members, built on first read or by ``datacat verify``; a gzip tar
+    is read front to back) and ``"stream"`` for formats read front to back.
     ``needs`` names the entry sections the format cannot do without, and
     ``layouts`` the ``record.layout`` values it reads.
     """
 
-    access: Literal["random", "stream", "composite"] = "stream"
+    access: Literal["random", "indexed", "stream", "composite"] = "stream"
     needs: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
 
@@ -44,7 +46,7 @@ class FormatInfo(Implementation):
 _AR_HINT = "array_record shards need array-record: pip install array-record"
 
 FORMATS: dict[str, FormatInfo] = {
-    "webdataset": FormatInfo("datacat.formats.webdataset:WebDatasetReader", "", "stream", ("location",), ("members",)),
+    "webdataset": FormatInfo("datacat.formats.webdataset:WebDatasetReader", "", "indexed", ("location",), ("members",)),
     "array_record": FormatInfo(
         "datacat.formats.array_record:ArrayRecordReader",
         _AR_HINT,

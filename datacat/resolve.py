@@ -21,11 +21,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from datacat.catalog import Catalog, EntrySource, load_catalog
-from datacat.errors import OptionError, ShardError
+from datacat.errors import OptionError, ShardError, storage_failure
 from datacat.interpolate import interpolate, interpolate_all
 from datacat.manifest import load_manifest, manifest_key
+from datacat.redact import redact, remember
 from datacat.registry import FORMATS
-from datacat.rules import is_glob, shard_names
+from datacat.rules import escapes_root, is_glob, shard_names
 from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Record
 from datacat.shards import brace_numbers
 
@@ -68,6 +69,8 @@ class Plan(_Frozen):
     """A glob of shard URLs not yet listed (``resolve(list_shards=False)``)."""
     samples: int | None = None
     samples_exact: bool = False
+    samples_counted: bool = False
+    """Some shard's count came from reading it (the manifest cache), not from the catalog."""
     bytes: int | None = None
     record: Record = Record()
     loading: Loading = Loading()
@@ -120,6 +123,7 @@ class Plan(_Frozen):
                 "manifest",
                 "samples",
                 "samples_exact",
+                "samples_counted",
             },
         )
         data["shards"] = [(s["name"], s["url"]) for s in data["shards"]]
@@ -213,6 +217,8 @@ def _resolve(
             glob = None
     exact = bool(shards) and train_shards and all(s.samples is not None for s in shards)
     samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if train_shards else None)
+    declared = set(entry.totals.per_shard or {}) if train_shards else set()
+    counted = exact and any(s.name not in declared for s in shards)
     images = None
     if entry.embeddings is not None and entry.embeddings.images is not None:
         images = _resolve(
@@ -235,6 +241,7 @@ def _resolve(
         glob=glob,
         samples=samples,
         samples_exact=exact,
+        samples_counted=counted,
         bytes=entry.totals.bytes if train_shards else None,
         from_holdout=from_holdout,
         manifest=key,
@@ -333,6 +340,7 @@ def _base_url(
     try:
         base = root if root is not None else interpolate(location.root, env)
         storage_options = interpolate_all(dict(location.storage_options), env)
+        remember(storage_options)  # never printed from here on, in any message or log line
         path = interpolate(location.path, env)
     except KeyError as exc:
         raise OptionError(f"${{{exc.args[0]}}} is not set; export it or pass root=") from None
@@ -343,6 +351,8 @@ def _base_url(
 
 
 def _join(base: str, name: str) -> str:
+    if escapes_root(name):  # validation refuses these; a name from elsewhere (a listing) must not slip out either
+        raise OptionError(f"{name!r} would leave the root {base}; shard names and paths stay inside it")
     if "://" in base:
         return posixpath.join(base, name)
     return os.path.join(base, name)
@@ -362,13 +372,18 @@ def _missing_names(location: Location, names: list[str]) -> set[str]:
 def _list_glob(glob: str, storage_options: Mapping[str, Any]) -> list[Shard]:
     import fsspec  # the storage layer is needed only when a glob must be listed
 
+    remember(storage_options)
     try:
         fs, path = fsspec.core.url_to_fs(glob, **storage_options)
         found = sorted(fs.glob(path))
-    except Exception as exc:  # fsspec backends raise their own types for network and auth failures
+    except Exception as exc:  # sorted here: storage failures and refused options are translated, bugs propagate
+        if not (storage_failure(exc) or isinstance(exc, ValueError | TypeError)):
+            raise
         raise ShardError(
-            f"cannot list shards {glob}: {exc}. Check the network and credentials, or set DATACAT_ROOT (or root=)"
-        ) from exc
+            f"cannot list shards {glob}: {type(exc).__name__}: {redact(exc)}. Check the network and the credentials "
+            "in storage_options, or set DATACAT_ROOT (or root=)",
+            url=glob,
+        ) from None
     if not found:
         raise ShardError(f"no shards match {glob}; check the entry's root and path")
     folder = posixpath.dirname(glob) if "://" in glob else os.path.dirname(glob)

@@ -18,7 +18,7 @@ from datacat.registry import FORMATS
 from datacat.schema import Entry, Location
 from datacat.shards import brace_numbers, expand_braces
 
-__all__ = ["check_catalog", "check_entry", "is_glob", "shard_names"]
+__all__ = ["check_catalog", "check_entry", "escapes_root", "is_glob", "shard_names"]
 
 Finding = tuple[str, tuple[str | int, ...], str]
 _GLOB = re.compile(r"[*?\[]")
@@ -75,14 +75,47 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
         yield name, ("loading", "val_split"), f"{entry.loading.val_split!r} is not under splits ({known})"
 
 
+_FILE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".tar", ".csv", ".tsv", ".parquet", ".array_record", ".npy")
+_TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
+_SHARDS_ARE = {
+    "image_folder": 'its shards are folders of images, e.g. shards: [train] or "{00..09}" (every image under each, '
+    "recursively, with a .txt caption beside it)",
+    "image_list": "its shards are tables (.csv, .tsv or .parquet) with a column of image paths, e.g. shards: images.csv",
+}
+
+
+def _names_a_shard_of(format_name: str, shard: str) -> bool:
+    lower = shard.lower()
+    if format_name == "image_folder":
+        return not lower.endswith(_FILE_SUFFIXES)
+    if format_name == "image_list":
+        return lower.endswith(_TABLE_SUFFIXES)
+    return True
+
+
+def escapes_root(name: str) -> bool:
+    """Whether a shard name or path would resolve outside its root: absolute, a URL, ``~`` or a ``..`` part."""
+    parts = name.replace("\\", "/").split("/")
+    return name.startswith(("/", "~")) or "://" in name or ".." in parts
+
+
 def _check_location(
     name: str, at: tuple[str | int, ...], location: Location, entry: Entry | None, env: Mapping[str, str] | None
 ) -> Iterator[Finding]:
     for path, var in unset_variables(location.model_dump(include={"root", "path", "storage_options"}), env):
         yield name, (*at, *path), f"${{{var}}} is not set and has no default; export {var} or write ${{{var}:-default}}"
+    if location.path and "${" not in location.path and escapes_root(location.path):
+        yield name, (*at, "path"), f"{location.path!r} leaves the root; path is a folder inside the root"
     if is_glob(location.shards):
         if location.missing:
             yield name, (*at, "missing"), "a glob lists only shards that exist; declare missing shards with a pattern"
+        pattern = str(location.shards)
+        if entry is not None and not _names_a_shard_of(entry.format, pattern):
+            yield (
+                name,
+                (*at, "shards"),
+                f"{pattern!r} matches no shard of format {entry.format!r}: {_SHARDS_ARE[entry.format]}",
+            )
         return
     try:
         names = shard_names(location)
@@ -92,6 +125,17 @@ def _check_location(
     named = set(names)
     if len(named) != len(names):
         yield name, (*at, "shards"), "names some shard twice"
+    if entry is not None:
+        wrong = next((n for n in names if not _names_a_shard_of(entry.format, n)), None)
+        if wrong is not None:
+            yield (
+                name,
+                (*at, "shards"),
+                f"{wrong!r} is not a shard of format {entry.format!r}: {_SHARDS_ARE[entry.format]}",
+            )
+    outside = next((n for n in names if escapes_root(n)), None)
+    if outside is not None:
+        yield name, (*at, "shards"), f"shard name {outside!r} leaves the root; a shard name is a path inside the root"
     numbers = brace_numbers(location.shards) if isinstance(location.shards, str) else None
     missing: set[str] = set()
     for i, item in enumerate(location.missing):

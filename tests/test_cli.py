@@ -66,7 +66,7 @@ def test_describe_json_and_user_catalog(tmp_path: Path) -> None:
     )
     code, out = run("--catalog", str(tmp_path / "my.yaml"), "describe", "CC3M")
     assert code == 0
-    assert "overrides:  the entry in catalog/cc3m.yaml" in out or "overrides:  the entry in" in out
+    assert "overrides:  the entry in catalog/cc3m.yaml" in out
     assert str(tmp_path / "shards" / "0.tar") in out and str(tmp_path / "shards" / "2.tar") in out
     code, out = run("--catalog", str(tmp_path / "my.yaml"), "describe", "cc3m", "--json")
     info = json.loads(out)
@@ -136,3 +136,104 @@ def test_list_never_cuts_a_name_on_a_narrow_terminal(monkeypatch) -> None:
     text = captured.get()
     assert "aestheticCoyo_0.26_clip_5.5aesthetic_256plus" in text
     assert "playground+leonardo_x4+cc3m.parquet" in text
+
+
+LEAKY = """
+leaky:
+  description: a bucket read with a raw access token
+  format: webdataset
+  location:
+    root: gs://datacat-leak-test/shards
+    shards: "{0..1}.tar"
+    storage_options: {token: "${DATACAT_TEST_TOKEN}"}
+  totals: {per_shard: {0.tar: 5, 1.tar: 5}}
+"""
+
+SCRIPT = """
+import logging, sys
+import datacat
+logging.basicConfig(level=logging.DEBUG)  # every library's log lines, as a debugging user would see them
+try:
+    datacat.open("leaky", framework="torch", batch_size=2, catalog=datacat.load_catalog([sys.argv[1]]))
+except datacat.DatacatError as exc:
+    print("CAUGHT", type(exc).__name__, exc)
+"""
+
+
+def test_storage_options_values_are_never_printed(tmp_path: Path) -> None:
+    import os
+    import urllib.parse
+
+    secret = "ya29.s3cr3t/T0ken+value=="
+    catalog = tmp_path / "leaky.yaml"
+    catalog.write_text(LEAKY)
+    (tmp_path / "probe.py").write_text(SCRIPT)
+    # gcsfs checks a raw token at oauth2.googleapis.com/tokeninfo?access_token=<token>; a closed proxy
+    # makes that fail at once, offline, with the URL (and so the token) in the client's error text.
+    env = {**os.environ, "DATACAT_TEST_TOKEN": secret, "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
+    env.pop("STORAGE_EMULATOR_HOST", None)
+    env.pop("https_proxy", None)
+    cli = [sys.executable, "-c", "from datacat.cli import main; main()", "--catalog", str(catalog)]
+    runs = [
+        subprocess.run(
+            [*cli, "load", "leaky", "--framework", "torch"], capture_output=True, text=True, env=env, timeout=120
+        ),
+        subprocess.run(
+            [sys.executable, str(tmp_path / "probe.py"), str(catalog)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        ),
+    ]
+    assert runs[0].returncode == 1 and "CAUGHT ShardError" in runs[1].stdout, runs[1].stderr[-2000:]
+    for done in runs:
+        text = done.stdout + done.stderr
+        assert "gs://datacat-leak-test/shards/0.tar" in text and "<redacted>" in text, text[-2000:]
+        for form in (secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret), "s3cr3t"):
+            assert form not in text, f"{form!r} printed:\n{text[-3000:]}"
+
+
+def test_the_readmes_own_dataset_example_loads_as_written(tmp_path: Path) -> None:
+    from helpers import make_tar, sample_members
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme.split("# ~/datasets/catalog.yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "catalog.yaml").write_text(block)
+    (tmp_path / "shards").mkdir()
+    for shard in range(3):  # "3 tar shards" of holiday photos, 10 each, no counts declared
+        make_tar(tmp_path / "shards" / f"{shard:03d}.tar", sample_members([f"{shard}{i:03d}" for i in range(10)]))
+    code, out = run("--catalog", str(tmp_path / "catalog.yaml"), "validate")
+    assert code == 0, out
+    code, out = run(
+        "--catalog", str(tmp_path / "catalog.yaml"), "load", "my-photos", "--workers", "0", "--batch-size", "4"
+    )
+    assert code == 0, out
+    assert "8 batch(es)" in out and "no bad samples in 30 read" in out, out
+    code, out = run("--catalog", str(tmp_path / "catalog.yaml"), "describe", "my-photos")
+    assert code == 0 and "samples: 30 (counted when first read" in out, out
+
+
+def test_a_holdout_over_a_tenth_of_the_data_is_warned_of_and_printed(tmp_path: Path, caplog) -> None:
+    from helpers import make_tar, sample_members
+
+    (tmp_path / "shards").mkdir()
+    make_tar(tmp_path / "shards" / "0.tar", sample_members([f"{i:03d}" for i in range(30)]))
+    (tmp_path / "c.yaml").write_text(
+        "small: {description: d, format: webdataset, location: {root: shards, shards: 0.tar}, loading: {image_size: 32}}\n"
+    )
+    with caplog.at_level("WARNING"):
+        code, out = run("--catalog", str(tmp_path / "c.yaml"), "load", "small", "--workers", "0", "--batch-size", "4")
+    assert code == 0, out
+    assert "holdout: 16 records (val_batches 4 x batch 4)" in out and "14 train records an epoch" in out, out
+    assert "takes 16 of 30 records (53%)" in caplog.text
+    code, out = run("--catalog", str(tmp_path / "c.yaml"), "describe", "small")
+    assert "holdout: the first val_batches 4 x batch size records" in out, out
+
+
+def test_count_on_the_core_install_names_the_extra() -> None:
+    # The core install has no numpy: make it so in a fresh interpreter.
+    code = "import sys; sys.modules['numpy'] = None; from datacat.cli import main; main()"
+    done = subprocess.run([sys.executable, "-c", code, "count", "sample"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "pip install 'datacat[images]'" in done.stderr and "Traceback" not in done.stderr, done.stderr
