@@ -1,34 +1,49 @@
-"""Sessions: lint, typecheck, tests. `nox` runs all three; CI runs `nox` too."""
+"""Sessions: lint, then tests (mypy and pytest in one venv, installed once). `nox` runs both; CI runs `nox`.
+
+`nox -s quick` is the fast subset: lint and the tests that start no process
+(no worker, no subprocess, no emulator), about a minute once its venv exists
+(`nox -r -s quick` reuses it).
+"""
 
 from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
 
 CONSTRAINTS = ("-c", "constraints/ci.txt")
+LINTED = ("datacat", "tests", "scripts", "benchmarks", "noxfile.py")
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the package, tests, scripts and this file."""
     session.install("ruff")
-    session.run("ruff", "check", "datacat", "tests", "scripts", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "--diff", "datacat", "tests", "scripts", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", *LINTED)
+    session.run("ruff", "format", "--check", "--diff", *LINTED)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """mypy --strict, then pytest, against the installed package with every extra (one install for both)."""
+    session.install(*CONSTRAINTS, ".[all,test]", "mypy", "types-PyYAML")
+    # Either torch build passes; say which one this run has (README: the CPU build comes from PyTorch's index).
+    session.run("python", "-c", "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)")
+    session.run("mypy")
+    session.run("pytest", *session.posargs)
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, with every extra installed so backends are checked against real types."""
+    """mypy --strict alone (the tests session runs it too)."""
     session.install(*CONSTRAINTS, ".[all]", "mypy", "types-PyYAML")
     session.run("mypy")
 
 
 @nox.session
-def tests(session: nox.Session) -> None:
-    """pytest against the installed wheel (not the source tree), every extra installed."""
-    session.install(*CONSTRAINTS, ".[all,test]")
-    # Either torch build passes; say which one this run has (README: the CPU build comes from PyTorch's index).
-    session.run("python", "-c", "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)")
-    session.run("pytest", *session.posargs)
+def quick(session: nox.Session) -> None:
+    """Lint and the tests marked not slow: the catalog, formats and transforms, in one process."""
+    session.install("ruff", *CONSTRAINTS, ".[all,test]")
+    session.run("ruff", "check", *LINTED)
+    session.run("pytest", "-m", "not slow", *session.posargs)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from datacat.cli import main
@@ -160,6 +161,7 @@ except datacat.DatacatError as exc:
 """
 
 
+@pytest.mark.slow
 def test_storage_options_values_are_never_printed(tmp_path: Path) -> None:
     import os
     import urllib.parse
@@ -194,6 +196,7 @@ def test_storage_options_values_are_never_printed(tmp_path: Path) -> None:
             assert form not in text, f"{form!r} printed:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
 def test_the_readmes_own_dataset_example_loads_as_written(tmp_path: Path) -> None:
     from helpers import make_tar, sample_members
 

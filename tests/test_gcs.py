@@ -10,6 +10,8 @@ import datacat
 from datacat.catalog import builtin_catalog_dir
 from datacat.pipeline import SampleSource
 
+pytestmark = pytest.mark.slow  # every test here starts processes or a storage server
+
 
 @pytest.fixture
 def bucket(gcs_emulator: str) -> str:

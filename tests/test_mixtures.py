@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_backends import run_ranks
 
 import datacat
@@ -50,6 +51,7 @@ def _records(loader: object) -> list[tuple[str, str]]:
     return [(c, k) for batch in loader for c, k in zip(batch["component"], batch["key"], strict=True)]  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_torch_mixture_is_exactly_once_across_ranks_and_resumes() -> None:
     catalog = datacat.load_catalog([CATALOG])
     per_rank = [
@@ -88,6 +90,7 @@ def test_stop_on_first_ends_with_the_first_component() -> None:
     assert min(smallest) < 55
 
 
+@pytest.mark.slow
 def test_jax_mixture_is_exactly_once_across_ranks(monkeypatch: object) -> None:
     os.environ["DATACAT_CATALOG"] = str(CATALOG)  # the harness processes inherit it
     try:

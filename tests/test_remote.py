@@ -20,6 +20,8 @@ from PIL import Image
 
 import datacat
 
+pytestmark = pytest.mark.slow  # every test here starts processes or a storage server
+
 SHARDS, PER_SHARD = 3, 30
 
 

@@ -140,6 +140,7 @@ def _pixels(args: tuple[str, list[int]]) -> list[bytes]:
     return [source.sample(i)["image"].tobytes() for i in indices]
 
 
+@pytest.mark.slow
 def test_same_record_same_pixels_in_0_1_and_2_worker_processes() -> None:
     indices = list(range(0, 55, 5))
     here = _pixels(("sample-arrayrecord", indices))

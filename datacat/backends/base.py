@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from datacat.epochs import Schedule, plan_schedule
@@ -181,10 +181,16 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
-            outputs = self._batches(self.epoch, self.batch)
+            # Starting worker processes takes a second or more (grain's spawned workers import jax
+            # again): this process builds the first batch itself meanwhile, and the workers start
+            # one batch later. Any process builds a batch alike, so nothing else changes.
+            head = self.num_workers > 0 and self._cold(self.epoch, self.batch) and self.source.random_access
+            head = head and self.batch < self.schedule.batches
+            outputs = self._batches(self.epoch, self.batch + 1 if head else self.batch)
             try:
                 for _ in range(self.batch, self.schedule.batches):
-                    output = next(outputs, None)
+                    output = self._head(self.epoch, self.batch) if head else next(outputs, None)
+                    head = False
                     if output is None:
                         raise DatacatError(
                             f"{self.plan.name}: the workers stopped after {self.batch} of {self.schedule.batches} "
@@ -217,7 +223,19 @@ class Loader:
     def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
 
-    def _in_process(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _cold(self, epoch: int, first: int) -> bool:
+        """Whether reading from ``(epoch, first)`` starts worker processes slowly (spawned, or from a forkserver)."""
+        return False
+
+    def _head(self, epoch: int, first: int) -> dict[str, Any]:
+        """Batch ``first`` of ``epoch``, built in this process while the workers start."""
+        batches = self._in_process(epoch, first)
+        try:
+            return next(batches)
+        finally:
+            batches.close()
+
+    def _in_process(self, epoch: int, first: int) -> Generator[dict[str, Any], None, None]:
         """The batches of ``epoch`` from ``first`` on, built in this process (no workers)."""
         batches = self.epochs_of.batches(epoch)
         try:

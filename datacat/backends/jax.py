@@ -169,7 +169,7 @@ class JaxLoader(Loader):
             self.close()
             run = _EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
             self._iterator = iter(self._prefetched(grain.MapDataset.source(run), sequential=False))
-            self._next = (epoch, first)
+            self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
         batches = self.schedule.batches
         for index in range(first, batches):
             try:
@@ -210,6 +210,9 @@ class JaxLoader(Loader):
                 sequential_slice=sequential,
             )
         return dataset
+
+    def _cold(self, epoch: int, first: int) -> bool:
+        return self._iterator is None or self._next != (epoch, first)
 
     def close(self) -> None:
         # Dropping grain's iterator stops its worker processes.

@@ -17,7 +17,8 @@ import multiprocessing
 import multiprocessing.context
 import os
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Generator, Iterator
 from typing import Any
 
 # This module is the torch backend; nothing else in datacat imports torch.
@@ -62,7 +63,7 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
     def __init__(self, epochs: Epochs, position: Any, sequential: bool) -> None:
         self.epochs, self.position, self.sequential = epochs, position, sequential
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Generator[dict[str, Any], None, None]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, start = int(self.position[0]), int(self.position[1])
@@ -95,16 +96,31 @@ def _worker_context() -> multiprocessing.context.BaseContext | None:
     """Fork, as torch does by default, unless forking this process is known to break the workers.
 
     A forked worker segfaults once array_record's C++ client has run in this
-    process, and may deadlock beside a started jax backend. Then the workers start from a
+    process (by datacat, or seen from its thread pool), and may deadlock
+    beside a started jax backend. Then the workers start from a
     forkserver (a clean process started once, torch preloaded), which needs the
     script's top level behind ``if __name__ == "__main__":``.
     """
     array_record = sys.modules.get("datacat.formats.array_record")
-    if not _jax_started() and not (array_record is not None and array_record.opened_here()):
+    opened = array_record is not None and array_record.opened_here()
+    if not _jax_started() and not opened and not _array_record_pool_running():
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "datacat.backends.torch"])
     return context
+
+
+def _array_record_pool_running() -> bool:
+    # array_record's reader starts a pool of ~64 native threads on first read, which a forked child
+    # inherits half-dead (it segfaults). Code outside datacat may have read ArrayRecords here (counting
+    # them, say): seen as the C++ module loaded and far more OS threads than Python knows of.
+    if "array_record.python.array_record_module" not in sys.modules:
+        return False
+    try:
+        native = len(os.listdir("/proc/self/task")) - threading.active_count()
+    except OSError:
+        return True  # no /proc: assume the worst
+    return native > 32
 
 
 def _jax_started() -> bool:
@@ -192,6 +208,18 @@ class TorchLoader(Loader):
             worker_init_fn=None if context is None else functools.partial(_inherit_environment, dict(os.environ)),
             timeout=self.worker_timeout,
         )
+
+    def _cold(self, epoch: int, first: int) -> bool:
+        # Forked workers are ready in milliseconds: building a batch here too would only compete with them.
+        context = self.multiprocessing_context or _worker_context()
+        return self._workers is None and context not in (None, "fork")
+
+    def _head(self, epoch: int, first: int) -> dict[str, Any]:
+        stream = _BatchStream(self.epochs_of, [epoch, first], not self.source.random_access).__iter__()
+        try:
+            return next(stream)  # as a worker sends it: tensors
+        finally:
+            stream.close()
 
     def close(self) -> None:
         # Dropping the DataLoader drops its iterator, whose finaliser stops and joins the workers.
