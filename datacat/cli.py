@@ -47,6 +47,14 @@ def _reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _loading_line(loading: dict[str, Any]) -> str:
+    return (
+        f"image_size {loading['image_size']}, augmentation {loading['augmentation']}, "
+        f"resize {loading['resize']}, val_batches {loading['val_batches']}, val_split {loading['val_split']}, "
+        f"count {loading['count']}, on_bad_sample {loading['on_bad_sample']} (budget {loading['bad_sample_budget']})"
+    )
+
+
 def _readers_installed(command: str) -> None:
     """Raises BackendUnavailable naming the extra when the shard readers' libraries are not installed."""
     try:
@@ -233,11 +241,14 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
     )
     say(f"{indent}  size: {_bytes(plan['bytes'])}")
     loading = plan["loading"]
-    say(
-        f"{indent}  loading: image_size {loading['image_size']}, augmentation {loading['augmentation']}, "
-        f"resize {loading['resize']}, val_batches {loading['val_batches']}, val_split {loading['val_split']}, "
-        f"count {loading['count']}, on_bad_sample {loading['on_bad_sample']} (budget {loading['bad_sample_budget']})"
-    )
+    if plan["components"]:
+        # A mixture's batches get each component's own loading, with what the mixture entry sets on top.
+        say(f"{indent}  loading, as each component's batches get it:")
+        for comp in plan["components"]:
+            say(f"{indent}    {comp['plan']['name']}: {_loading_line(comp['plan']['loading'])}")
+        loading = plan["components"][0]["plan"]["loading"]
+    else:
+        say(f"{indent}  loading: {_loading_line(loading)}")
     if loading["val_batches"] and not loading["val_split"]:
         batch = plan.get("batch_size") or 16
         say(
@@ -381,7 +392,7 @@ def load(
 
         from datacat.grid import contact_sheet
 
-        path = contact_sheet(np.asarray(first["image"]), first["caption"], grid)
+        path = contact_sheet(np.asarray(first["image"]), first.get("caption") or [""] * len(first["key"]), grid)
         out.print(f"contact sheet of the first batch: {path}", markup=False)
 
 

@@ -413,9 +413,10 @@ def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, A
         "image": np.stack([s["image"] for s in samples])
         if samples
         else np.zeros((0, image_size, image_size, 3), np.uint8),
-        "caption": [s["caption"] for s in samples],
         "key": [s["key"] for s in samples],
     }
+    if not samples or "caption" in samples[0]:  # image-only entries have none
+        batch["caption"] = [s["caption"] for s in samples]
     if samples and "label" in samples[0]:
         batch["label"] = np.asarray([s["label"] for s in samples], dtype=np.int64)
     if samples and "embedding" in samples[0]:

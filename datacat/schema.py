@@ -84,7 +84,7 @@ class Record(_Frozen):
     image: str | None = "jpg"
     """Key (or member extension, or column) holding the encoded image."""
     caption: str | None = "txt"
-    """Key holding the caption text."""
+    """Key holding the caption text; null for an image-only entry (its batches have no ``caption``)."""
     label: str | None = None
     """Key holding an integer class label."""
     key: str | None = None

@@ -534,3 +534,45 @@ def test_errors_from_workers_keep_their_class_and_attributes(framework: str, tmp
     damaged, absent = errors
     assert damaged[1] == "ShardError" and damaged[2].endswith("/ar/1.ar"), damaged
     assert absent[1] in ("FileNotFoundError", "ShardError") and (absent[3] or absent[2]).endswith("/ar/2.ar"), absent
+
+
+IMAGE_ONLY_PROBE = """
+import json, sys
+import datacat
+if __name__ == "__main__":
+    catalog = datacat.load_catalog([sys.argv[1]])
+    for name in ("tars", "singles"):
+        batches = list(datacat.open(name, framework=sys.argv[2], batch_size=4, catalog=catalog, num_workers=1))
+        print("LOADED", json.dumps([name, sorted(k for b in batches for k in b["key"]), sorted(batches[0])]))
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_image_only_sets_load_without_captions(framework: str, tmp_path: Path) -> None:
+    from helpers import make_array_record, make_tar, sample_members
+
+    (tmp_path / "tars").mkdir()
+    members = [(n, data) for n, data in sample_members([f"{i:03d}" for i in range(6)]) if not n.endswith(".txt")]
+    make_tar(tmp_path / "tars" / "0.tar", members)
+    jpegs = [data for n, data in members if n.endswith(".jpg")]
+    make_array_record(tmp_path / "singles.ar", jpegs)  # the `single` layout: one encoded image per record
+    (tmp_path / "c.yaml").write_text(
+        "tars: {description: d, format: webdataset, location: {root: tars, shards: 0.tar}, record: {caption: null}, "
+        "loading: {val_batches: 0, image_size: 16}}\n"
+        "singles: {description: d, format: array_record, location: {root: ., shards: singles.ar}, "
+        "record: {layout: single}, loading: {val_batches: 0, image_size: 16}}\n"
+    )
+    script = tmp_path / "probe.py"
+    script.write_text(IMAGE_ONLY_PROBE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "c.yaml"), framework],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    loaded = [json.loads(line[len("LOADED ") :]) for line in done.stdout.splitlines() if line.startswith("LOADED ")]
+    assert len(loaded) == 2, done.stdout + done.stderr[-3000:]
+    (_, tar_keys, tar_fields), (_, single_keys, single_fields) = loaded
+    assert tar_keys == [f"{i:03d}" for i in range(6)] and len(single_keys) == 6
+    assert "caption" not in tar_fields and "caption" not in single_fields and "image" in tar_fields, loaded

@@ -240,3 +240,15 @@ def test_count_on_the_core_install_names_the_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code, "count", "sample"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "pip install 'datacat[images]'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_describe_of_a_mixture_shows_what_each_components_batches_get(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text(
+        "a: {description: d, format: webdataset, location: {root: /data/a, shards: '{0..1}.tar'}, loading: {augmentation: none}}\n"
+        "b: {description: d, format: webdataset, location: {root: /data/b, shards: '{0..1}.tar'}, loading: {augmentation: flip_only, image_size: 32}}\n"
+        "both: {description: d, format: mixture, mixture: {components: [{name: a, weight: 1}, {name: b, weight: 1}]}, loading: {image_size: 64}}\n"
+    )
+    code, out = run("--catalog", str(tmp_path / "m.yaml"), "describe", "both")
+    assert code == 0, out
+    # The mixture's image_size applies to both; each keeps its own augmentation (not the entry default).
+    assert "a: image_size 64, augmentation none," in out and "b: image_size 64, augmentation flip_only," in out, out

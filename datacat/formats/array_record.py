@@ -329,11 +329,11 @@ class ArrayRecordReader:
         entries = unpack_record(item.payload)
         if record.layout == "pre_resized":
             out["image"] = unpack_pre_resized(entries)
-            caption_key = record.caption or "caption"
+            caption_keys: tuple[str, ...] = (record.caption, "caption") if record.caption else ()
         else:
             out["image"] = entries.get(record.image) if record.image else None
-            caption_key = record.caption or "txt"
-        out["caption"] = record_caption(entries, (caption_key,))
+            caption_keys = (record.caption,) if record.caption else ()
+        out["caption"] = record_caption(entries, caption_keys) if caption_keys else None  # caption: null, image only
         label_key = record.label or ("label" if record.layout == "pre_resized" else None)
         if label_key and label_key in entries:
             out["label"] = _label(entries[label_key])

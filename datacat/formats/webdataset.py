@@ -210,12 +210,44 @@ class _Prefixed:
         return data + self.raw.read(size - len(data)) if size > len(data) else data
 
 
+def _plain_members(data: bytes) -> list[tuple[str, bytes]] | None:
+    """The regular files of a span of plain ustar headers, parsed directly; None if any header needs tarfile.
+
+    tarfile costs ~0.4 ms a sample (a fifth of a decode); most shards have
+    only plain headers (no pax or GNU long names, sizes under 8 GB).
+    """
+    members: list[tuple[str, bytes]] = []
+    at, end = 0, len(data)
+    while at + 512 <= end:
+        header = data[at : at + 512]
+        kind, size_field = header[156:157], header[124:136]
+        if kind not in (b"0", b"\0", b"5") or size_field[0] & 0x80 or header[257:262] != b"ustar":
+            return None  # pax, long names, links, base-256 sizes, old formats: tarfile knows them all
+        stored = int(header[148:156].strip(b" \0") or b"0", 8)
+        if stored != sum(header[:148]) + 256 + sum(header[156:]):
+            return None  # a bad checksum: let tarfile say what is wrong
+        name = header[:100].split(b"\0", 1)[0]
+        posix = header[257:263] == b"ustar\0"  # GNU's "ustar  " keeps other fields where POSIX has the prefix
+        prefix = header[345:500].split(b"\0", 1)[0] if posix else b""
+        size = int(size_field.strip(b" \0") or b"0", 8)
+        body = at + 512
+        if body + size > end:
+            return None
+        path = (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")
+        if kind != b"5":  # a folder entry: not a member of any sample
+            members.append((path, data[body : body + size]))
+        at = body + -(-size // 512) * 512
+    return members
+
+
 def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, bytes]]:
     """(key, {extension: bytes}) of the one sample in the bytes of its span."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
-            members = [(i.name, tar.extractfile(i).read()) for i in tar if i.isfile()]  # type: ignore[union-attr]
-    except (tarfile.TarError, EOFError, OSError) as exc:
+        members = _plain_members(data)
+        if members is None:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+                members = [(i.name, tar.extractfile(i).read()) for i in tar if i.isfile()]  # type: ignore[union-attr]
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise RecordError(
             f"shard {url}: the sample at byte {start} cannot be read ({exc}); the shard changed since it was "
             "indexed? Run `datacat verify` on the entry"

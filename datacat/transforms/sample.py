@@ -38,13 +38,19 @@ class ImageTransform:
         self.seed = plan.seed
         self.templates = plan.loading.captions.templates
         self.names_path = plan.loading.captions.class_names
+        # Image-only sets (tokenizer training, clip-retrieval shards): the entry says caption: null,
+        # or its records are single images. Their samples and batches have no "caption".
+        self.image_only = (plan.record.caption is None or plan.record.layout == "single") and not self.names_path
         self.tokenize = tokenize
 
     def __repr__(self) -> str:
         return f"ImageTransform({self.name!r}, size={self.size}, resize={self.resize!r}, augment={self.augment}, seed={self.seed})"
 
     def __call__(self, record: Mapping[str, Any], *, epoch: int = 0) -> dict[str, Any]:
-        """The sample ``{"image", "caption", "key"}`` (plus ``label``, ``embedding``, ``tokens``) of ``record``."""
+        """The sample ``{"image", "caption", "key"}`` (plus ``label``, ``embedding``, ``tokens``) of ``record``.
+
+        An image-only entry's samples have no ``caption`` (nor ``tokens``).
+        """
         rng = record_rng(self.seed, int(record["__uid__"]), epoch)
         image = record.get("image")
         if image is None:
@@ -60,13 +66,18 @@ class ImageTransform:
         label = record.get("label")
         if caption is None and label is not None and self.names_path:
             caption = caption_from_label(int(label), class_names(self.names_path), self.templates, rng)
-        if caption is None:
-            raise ValueError("record has no caption and no label with class names to make one")
-        sample: dict[str, Any] = {"image": pixels, "caption": caption, "key": str(record["__key__"])}
+        sample: dict[str, Any] = {"image": pixels, "key": str(record["__key__"])}
+        if caption is not None:
+            sample["caption"] = caption
+        elif not self.image_only:
+            raise ValueError(
+                "record has no caption and no label with class names to make one (an image-only entry says "
+                "record.caption: null)"
+            )
         if label is not None:
             sample["label"] = int(label)
         if record.get("embedding") is not None:
             sample["embedding"] = record["embedding"]
-        if self.tokenize is not None:
+        if self.tokenize is not None and caption is not None:
             sample["tokens"] = self.tokenize(caption)
         return sample
