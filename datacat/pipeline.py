@@ -16,7 +16,7 @@ import bisect
 import concurrent.futures
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform
 
-__all__ = ["BatchView", "EpochView", "Fetched", "SampleSource", "collate_numpy", "finish", "selected_range"]
+__all__ = ["Allocate", "BatchView", "EpochView", "Fetched", "SampleSource", "collate_numpy", "finish", "selected_range"]
 
 _READ_AHEAD = 256
 
@@ -324,9 +324,17 @@ class BatchView:
     data: errors travel as markers.
     """
 
-    def __init__(self, view: EpochView | Any, *, read_ahead: int = 2, origin: int | None = None) -> None:
+    def __init__(
+        self,
+        view: EpochView | Any,
+        *,
+        read_ahead: int = 2,
+        origin: int | None = None,
+        allocate: Allocate | None = None,
+    ) -> None:
         self.view = view  # an EpochView, or a mixing.MixtureView: the same contract
         self.image_size = view.image_size
+        self.allocate = allocate
         self.starts = cumulative(view.schedule.batch_sizes)
         self.read_ahead = read_ahead if getattr(view, "random_access", False) else 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -404,17 +412,28 @@ class BatchView:
         retries, self._retried = retry_count() - self._retried, retry_count()
         if os.getpid() == self._origin:
             retries = 0
-        return {"batch": collate_numpy(samples, self.image_size), "marks": marks, "retries": retries}
+        collated = collate_numpy(samples, self.image_size, self.allocate)
+        return {"batch": collated, "marks": marks, "retries": retries}
 
 
-def collate_numpy(samples: list[dict[str, Any]], image_size: int) -> dict[str, Any]:
-    """A batch of samples as numpy arrays (image, label, embedding) and lists (caption, key, tokens)."""
-    batch: dict[str, Any] = {
-        "image": np.stack([s["image"] for s in samples])
-        if samples
-        else np.zeros((0, image_size, image_size, 3), np.uint8),
-        "key": [s["key"] for s in samples],
-    }
+Allocate = Callable[[tuple[int, ...]], np.ndarray]
+"""Makes an empty uint8 array of a shape: where a batch's pixels are collated (torch gives shared memory)."""
+
+
+def _empty(shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty(shape, np.uint8)
+
+
+def collate_numpy(samples: list[dict[str, Any]], image_size: int, allocate: Allocate | None = None) -> dict[str, Any]:
+    """A batch of samples as numpy arrays (image, label, embedding) and lists (caption, key, tokens).
+
+    The images are copied once, into ``allocate((n, H, W, 3))``.
+    """
+    shape = samples[0]["image"].shape if samples else (image_size, image_size, 3)
+    image = (allocate or _empty)((len(samples), *shape))
+    for slot, sample in zip(image, samples, strict=True):
+        slot[...] = sample["image"]
+    batch: dict[str, Any] = {"image": image, "key": [s["key"] for s in samples]}
     if not samples or "caption" in samples[0]:  # image-only entries have none
         batch["caption"] = [s["caption"] for s in samples]
     if samples and "label" in samples[0]:

@@ -19,7 +19,7 @@ from datacat.epochs import Schedule, plan_schedule
 from datacat.errors import DatacatError, OptionError, PlanMismatch
 from datacat.formats.storage import retry_count
 from datacat.mixing import open_source
-from datacat.pipeline import BatchView
+from datacat.pipeline import Allocate, BatchView
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
@@ -57,6 +57,7 @@ class Epochs:
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.origin = os.getpid()  # the loader's process: workers report their retries to it
+        self.allocate: Allocate | None = None  # where batches are collated; a backend may give shared memory
 
     def __repr__(self) -> str:
         return f"Epochs({self.name!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
@@ -75,7 +76,7 @@ class Epochs:
     def batches(self, epoch: int) -> BatchView:
         """This rank's batches of epoch ``epoch``, by batch index."""
         view = self.source.view(self.schedule(epoch), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
-        return BatchView(view, origin=self.origin)
+        return BatchView(view, origin=self.origin, allocate=self.allocate)
 
 
 class Loader:

@@ -22,6 +22,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 # This module is the torch backend; nothing else in datacat imports torch.
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -76,10 +77,30 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
                 batch = output["batch"]
                 for key in ("image", "label", "embedding"):
                     if key in batch:
-                        batch[key] = torch.from_numpy(batch[key])  # tensors cross to the main process in shared memory
+                        batch[key] = _as_tensor(batch[key])  # tensors cross to the main process in shared memory
                 yield output
         finally:
             batches.close()  # its read-ahead thread
+
+
+_SHARED: dict[int, torch.Tensor] = {}  # batch arrays made by _shared_batch, by data address, until sent
+
+
+def _shared_batch(shape: tuple[int, ...]) -> np.ndarray:
+    """An empty uint8 batch in shared memory, so sending it to the main process copies nothing."""
+    tensor = torch.empty(shape, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+    array: np.ndarray = tensor.numpy()
+    if len(_SHARED) > 64:
+        _SHARED.clear()  # batches dropped unsent (an error elsewhere): forget them
+    _SHARED[array.ctypes.data] = tensor
+    return array
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    tensor = _SHARED.pop(array.ctypes.data, None)
+    if tensor is not None and tuple(tensor.shape) == array.shape:
+        return tensor
+    return torch.from_numpy(array)
 
 
 def _identity(item: Any) -> Any:
@@ -181,6 +202,8 @@ class TorchLoader(Loader):
         self.worker_timeout = worker_timeout
         self._workers: DataLoader | None = None  # type: ignore[type-arg]
         self._position: Any = None
+        if self.num_workers:
+            self.epochs_of.allocate = _shared_batch  # collated straight into shared memory, sent with no copy
 
     def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         sequential = not self.source.random_access
