@@ -19,6 +19,7 @@ Batches are dicts of numpy arrays, or with ``device_put=True`` global
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import functools
 import multiprocessing
 import os
@@ -73,6 +74,13 @@ def _unguarded_script() -> bool:
 def _spawned_and_starting() -> bool:
     # A spawned child imports the parent's main module as __mp_main__ before it runs its task.
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _take_first(iterator: Any, future: concurrent.futures.Future[dict[str, Any]]) -> None:
+    try:
+        future.set_result(next(iterator))
+    except BaseException as exc:  # handed to the loop that waits for it, whatever it is
+        future.set_exception(exc)
 
 
 def _die_with(parent: int, worker_index: int, worker_count: int) -> None:
@@ -146,6 +154,7 @@ class JaxLoader(Loader):
         self.sharding = sharding
         self._iterator: Any = None
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
+        self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
@@ -161,19 +170,28 @@ class JaxLoader(Loader):
     def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         if not self.source.random_access:
             return self._stream_epoch(epoch, first)
-        return self._from_run(epoch, first)
-
-    def _from_run(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         if self._iterator is None or self._next != (epoch, first):
             # First epoch, or the last one was left early: a new run from here.
             self.close()
             run = _EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
             self._iterator = iter(self._prefetched(grain.MapDataset.source(run), sequential=False))
             self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
+            if self.num_workers > 0 and first < self.schedule.batches:
+                # grain starts its workers on the first next(): ask for it now, in a thread, so they boot
+                # while this process builds the first batch itself (Loader.__iter__).
+                self._first = concurrent.futures.Future()
+                threading.Thread(target=_take_first, args=(self._iterator, self._first), daemon=True).start()
+        return self._from_run(epoch, first)
+
+    def _from_run(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         batches = self.schedule.batches
         for index in range(first, batches):
             try:
-                output = next(self._iterator)
+                if self._first is not None:
+                    pending, self._first = self._first, None
+                    output = pending.result()
+                else:
+                    output = next(self._iterator)
             except Exception:  # sorted here: the workers of an unguarded script die starting; other errors propagate
                 if self.num_workers > 0 and _unguarded_script():
                     self.close()
@@ -216,7 +234,7 @@ class JaxLoader(Loader):
 
     def close(self) -> None:
         # Dropping grain's iterator stops its worker processes.
-        self._iterator, self._next = None, None
+        self._iterator, self._next, self._first = None, None, None
 
     def _backend_state(self) -> dict[str, Any]:
         if self._iterator is None or self.batch == 0 or self.source.random_access:
