@@ -354,7 +354,7 @@ def _join(base: str, name: str) -> str:
     if escapes_root(name):  # validation refuses these; a name from elsewhere (a listing) must not slip out either
         raise OptionError(f"{name!r} would leave the root {base}; shard names and paths stay inside it")
     if "://" in base:
-        return posixpath.join(base, name)
+        return base + name if base.endswith("/") else f"{base}/{name}"  # posixpath.join, for a relative name
     return os.path.join(base, name)
 
 

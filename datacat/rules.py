@@ -95,6 +95,8 @@ def _names_a_shard_of(format_name: str, shard: str) -> bool:
 
 def escapes_root(name: str) -> bool:
     """Whether a shard name or path would resolve outside its root: absolute, a URL, ``~`` or a ``..`` part."""
+    if "/" not in name and "\\" not in name and not name.startswith("~"):
+        return name == ".."  # a plain file name (nearly every shard): nothing to climb out with
     parts = name.replace("\\", "/").split("/")
     return name.startswith(("/", "~")) or "://" in name or ".." in parts
 
