@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from datacat import CatalogError, load_catalog
+from datacat.catalog import builtin_catalog_dir
 
 INVALID = sorted((Path(__file__).parent / "catalogs" / "invalid").glob("*.yaml"))
 EXPECT = re.compile(r"^# expect: (\d+) (?:(\S+): )?(.*)$")
@@ -72,7 +73,10 @@ def test_override_of_builtin_is_recorded(write_catalog) -> None:
     assert catalog.canonical("CC3M") == "cc3m"  # the override's name, found in any case
     # The override replaces the whole entry, its aliases too: the built-in's alias names nothing now.
     assert "conceptual-captions-3m" not in catalog and "CC3M" in catalog
-    assert catalog.sources["cc3m"].overrides == ("catalog/cc3m.yaml",)
+    # The built-in file it replaces, as datacat shows paths (catalog/ in a checkout, site-packages when installed).
+    builtin = (builtin_catalog_dir() / "cc3m.yaml").resolve()
+    (overridden,) = catalog.sources["cc3m"].overrides
+    assert Path(overridden).resolve() == builtin
 
 
 def test_same_name_twice_in_one_layer_is_an_error(tmp_path: Path) -> None:

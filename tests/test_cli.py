@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from datacat.catalog import builtin_catalog_dir
 from datacat.cli import main
 
 INVALID = Path(__file__).parent / "catalogs" / "invalid"
@@ -67,7 +68,9 @@ def test_describe_json_and_user_catalog(tmp_path: Path) -> None:
     )
     code, out = run("--catalog", str(tmp_path / "my.yaml"), "describe", "CC3M")
     assert code == 0
-    assert "overrides:  the entry in catalog/cc3m.yaml" in out
+    line = next(line for line in out.splitlines() if "overrides:" in line)
+    shown = line.split("overrides:  the entry in ", 1)[1].strip()
+    assert Path(shown).resolve() == (builtin_catalog_dir() / "cc3m.yaml").resolve(), line
     assert str(tmp_path / "shards" / "0.tar") in out and str(tmp_path / "shards" / "2.tar") in out
     code, out = run("--catalog", str(tmp_path / "my.yaml"), "describe", "cc3m", "--json")
     info = json.loads(out)
