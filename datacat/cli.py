@@ -334,8 +334,8 @@ def load(
             f"{batch_size}) are the validation split, not trained on; {loader.schedule.records:,} train records an epoch",
             markup=False,
         )
-    images, first, elapsed = 0, None, 0.0
-    started = time.perf_counter()
+    images, first, elapsed, first_after = 0, None, 0.0, 0.0
+    opened = started = time.perf_counter()
     batches_iter = iter(loader)
     with Progress(
         TextColumn("{task.description}"),
@@ -351,7 +351,8 @@ def load(
             for i, batch in enumerate(batches_iter):
                 if first is None:
                     first = batch
-                    started = time.perf_counter()  # the first batch pays for worker start-up; time the rest
+                    started = time.perf_counter()  # the first batch pays for start-up; time the rest
+                    first_after = started - opened
                 else:
                     images += len(batch["key"])
                 elapsed = time.perf_counter() - started
@@ -374,10 +375,12 @@ def load(
                 else f"  {key}: []",
                 markup=False,
             )
-    rate = (
-        f"{images / elapsed:.1f} images/s after the first batch"
+    # The first batch may come from this process while spawned workers boot, and the next ones wait for
+    # them: in a short run that start-up is most of the time, so say both.
+    rate = f"first batch after {first_after:.2f} s; all in {first_after + elapsed:.1f} s" + (
+        f", {images / elapsed:.1f} images/s after the first (worker start-up included)"
         if images and elapsed > 0
-        else "one batch only: no rate"
+        else ""
     )
     out.print(
         f"{loader.framework}, {loader.num_workers} worker(s), batch {loader.batch_size}, image {loader.plan.loading.image_size} px",

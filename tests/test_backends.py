@@ -490,6 +490,21 @@ def test_unguarded_script_with_grain_workers_gets_one_clear_error(tmp_path: Path
     assert "OptionError" in done.stderr and len(done.stderr.splitlines()) < 30, done.stderr
 
 
+def _probe(tmp_path: Path, code: str, framework: str, prefix: str) -> list[Any]:
+    """Runs ``code`` as a script over tmp_path/c.yaml in ``framework``; the JSON after each ``prefix`` line."""
+    script = tmp_path / "probe.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "c.yaml"), framework],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    found = [json.loads(line[len(prefix) :]) for line in done.stdout.splitlines() if line.startswith(prefix)]
+    return found or [done.stdout + done.stderr[-3000:]]  # the output, to show why, when nothing came
+
+
 ERROR_PROBE = """
 import json, sys
 import datacat
@@ -520,17 +535,8 @@ def test_errors_from_workers_keep_their_class_and_attributes(framework: str, tmp
         "absent: {description: d, format: array_record, location: {root: ar, shards: '{0..2}.ar'}, "
         "totals: {per_shard: {0.ar: 4, 1.ar: 4, 2.ar: 4}}, record: {layout: packed}, loading: {val_batches: 0}}\n"
     )
-    script = tmp_path / "probe.py"
-    script.write_text(ERROR_PROBE)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "c.yaml"), framework],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    errors = [json.loads(line[len("ERROR ") :]) for line in done.stdout.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 2, done.stdout + done.stderr[-3000:]
+    errors = _probe(tmp_path, ERROR_PROBE, framework, "ERROR ")
+    assert len(errors) == 2, errors
     damaged, absent = errors
     assert damaged[1] == "ShardError" and damaged[2].endswith("/ar/1.ar"), damaged
     assert absent[1] in ("FileNotFoundError", "ShardError") and (absent[3] or absent[2]).endswith("/ar/2.ar"), absent
@@ -562,17 +568,8 @@ def test_image_only_sets_load_without_captions(framework: str, tmp_path: Path) -
         "singles: {description: d, format: array_record, location: {root: ., shards: singles.ar}, "
         "record: {layout: single}, loading: {val_batches: 0, image_size: 16}}\n"
     )
-    script = tmp_path / "probe.py"
-    script.write_text(IMAGE_ONLY_PROBE)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "c.yaml"), framework],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    loaded = [json.loads(line[len("LOADED ") :]) for line in done.stdout.splitlines() if line.startswith("LOADED ")]
-    assert len(loaded) == 2, done.stdout + done.stderr[-3000:]
+    loaded = _probe(tmp_path, IMAGE_ONLY_PROBE, framework, "LOADED ")
+    assert len(loaded) == 2, loaded
     (_, tar_keys, tar_fields), (_, single_keys, single_fields) = loaded
     assert tar_keys == [f"{i:03d}" for i in range(6)] and len(single_keys) == 6
     assert "caption" not in tar_fields and "caption" not in single_fields and "image" in tar_fields, loaded
