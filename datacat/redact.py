@@ -80,13 +80,17 @@ def _install_log_factory() -> None:
     def redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         if _secrets:
-            message = record.getMessage()
+            try:
+                message = record.getMessage()
+            except Exception:  # a malformed log call: logging reports it when the record is emitted, as usual
+                return record
             cleaned = redact(message)
             if cleaned != message:
                 record.msg, record.args = cleaned, None
             if record.exc_info and record.exc_info[1] is not None:
-                record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-                record.exc_info = None
+                text = logging.Formatter().formatException(record.exc_info)
+                if redact(text) != text:  # the traceback shows a secret: keep only its redacted text
+                    record.exc_text, record.exc_info = redact(text), None
         return record
 
     logging.setLogRecordFactory(redacting_factory)
