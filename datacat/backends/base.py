@@ -141,7 +141,13 @@ class Loader:
         held, plan = self.plan.holdout_records, self.plan
         if not held or plan.from_holdout or not hasattr(self.source, "total"):
             return
-        total = self.source.total()
+        if plan.samples_exact and plan.samples is not None:
+            total = plan.samples
+        elif self.source.random_access:
+            total = self.source.total()
+        else:
+            return  # a stream without counts is not counted here just to warn
+
         if held > HOLDOUT_SHARE * total:
             log.warning(
                 "%s: the validation holdout takes %d of %d records (%.0f%%): val_batches %d x batch size %d. "

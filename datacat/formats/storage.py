@@ -55,6 +55,7 @@ RETRIES = 6
 
 _retries = 0
 _retries_lock = threading.Lock()
+_made: set[tuple[str, str, int]] = set()  # storage clients made in this process: (protocol, options, pid)
 _last_client_error = ""  # what gcsfs last retried after, for a deadline's error message
 
 
@@ -183,14 +184,15 @@ def _count_client_retries() -> None:
 
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """The fsspec filesystem and path of ``url``; a client that cannot be made is a ShardError naming the URL."""
-    remember(storage_options or {})
-    _count_client_retries()
     options = dict(storage_options or {})
     if url.startswith(("gs://", "gcs://")):
         options.setdefault("requests_timeout", read_timeout())  # each HTTP request of a streamed read, too
+    client = (url.split("://", 1)[0], repr(sorted(options.items())), os.getpid())
     try:
-        if not is_remote(url):
+        if not is_remote(url) or client in _made:  # fsspec hands back its cached instance at once
             return fsspec.core.url_to_fs(url, **options)  # type: ignore[no-any-return]
+        remember(options)  # once per client and process: a worker that was spawned learns them here
+        _count_client_retries()
         # Making a client can itself wait on the network (gcsfs looks for credentials, a metadata
         # server among them): bounded like a read. fsspec caches the client once it exists.
         making = concurrent.futures.Future[tuple[Any, str]]()
@@ -203,7 +205,9 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any
 
         threading.Thread(target=make, name="datacat-storage-client", daemon=True).start()
         try:
-            return making.result(timeout=connect_timeout())
+            made = making.result(timeout=connect_timeout())
+            _made.add(client)
+            return made
         except concurrent.futures.TimeoutError:
             raise ShardError(
                 f"cannot connect to {url}: the storage client was not ready within {connect_timeout():.0f} s "
