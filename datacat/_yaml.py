@@ -5,7 +5,9 @@ validation messages need and PyYAML does not keep: the line each key path
 starts on, and a refusal of repeated keys (PyYAML silently keeps the last).
 Aliases may share a value, but a document whose aliases add more than
 ``MAX_ALIASED`` values to it (a "billion laughs" bomb) is refused before
-anything is built. libyaml's parser is used where PyYAML has it (5x faster, same marks).
+anything is expanded. libyaml's parser is used where PyYAML has it (5x faster, same marks), and
+the document is built in the same walk that records the lines, with the common scalars (strings,
+plain decimal integers) made directly; every other node goes through PyYAML's safe constructor.
 """
 
 from __future__ import annotations
@@ -22,7 +24,23 @@ KeyPath = tuple[str | int, ...]
 MAX_ALIASED = 100_000
 """Values that aliases may add to a catalog file beyond those it spells out."""
 _ENDLESS = 1 << 62
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_MAP = "tag:yaml.org,2002:map"
+_SEQ = "tag:yaml.org,2002:seq"
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader, with the two commonest plain scalars tagged without trying every pattern."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        if kind is yaml.ScalarNode and implicit[0] and value:
+            if value[0] not in self.yaml_implicit_resolvers and None not in self.yaml_implicit_resolvers:
+                # no pattern starts so: a string
+                return _STR
+            if value.isdigit() and (value[0] != "0" or value == "0"):
+                return _INT
+        return super().resolve(kind, value, implicit)
 
 
 def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Problem]]:
@@ -39,7 +57,9 @@ def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Probl
         if node is None:
             return None, lines, problems
         sizes: dict[int, int] = {}
-        if _index_node(node, (), lines, problems, file, sizes) - len(sizes) > MAX_ALIASED:
+        built: dict[int, Any] = {}
+        data = _build(node, (), lines, problems, file, sizes, built, loader)
+        if sizes[id(node)] - len(sizes) > MAX_ALIASED:
             problems.append(
                 Problem(
                     file,
@@ -51,7 +71,6 @@ def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Probl
             return None, lines, problems
         if problems:
             return None, lines, problems
-        data = loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -66,6 +85,71 @@ def load_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, int], list[Probl
     finally:
         loader.dispose()
     return data, lines, problems
+
+
+def _build(
+    node: yaml.Node,
+    path: KeyPath,
+    lines: dict[KeyPath, int],
+    problems: list[Problem],
+    file: str,
+    sizes: dict[int, int],
+    built: dict[int, Any],
+    loader: Any,
+) -> Any:
+    """The value of ``node``, recording the line of each key path under it and how many values it expands to.
+
+    Each node is walked once (an alias is the same node object again, and
+    gets the same value), so this costs the document as written, not its
+    expansion; ``sizes`` then tells what the expansion would be.
+    """
+    lines.setdefault(path, node.start_mark.line + 1)
+    if id(node) in sizes:  # an alias: its keys were indexed where the anchor is
+        return built[id(node)]
+    sizes[id(node)] = _ENDLESS  # a node inside itself (a recursive alias) expands without end
+    total = 1
+    if isinstance(node, yaml.ScalarNode):
+        value = _scalar(node, loader)
+    elif isinstance(node, yaml.SequenceNode) and node.tag == _SEQ:
+        value = built[id(node)] = []
+        for i, item in enumerate(node.value):
+            value.append(_build(item, (*path, i), lines, problems, file, sizes, built, loader))
+            total += sizes[id(item)]
+    elif isinstance(node, yaml.MappingNode) and node.tag == _MAP and _plain_keys(node):
+        value = built[id(node)] = {}
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = _scalar(key_node, loader)
+            line = key_node.start_mark.line + 1
+            if str(key) in seen:
+                dotted = ".".join(str(p) for p in (*path, key))
+                problems.append(
+                    Problem(file, line, dotted, f"duplicate key (first at line {seen[str(key)]}); keep one")
+                )
+                continue
+            seen[str(key)] = line
+            lines[(*path, str(key))] = line
+            value[key] = _build(value_node, (*path, str(key)), lines, problems, file, sizes, built, loader)
+            total += sizes[id(value_node)]
+    else:  # merge keys, complex keys, explicit tags: indexed here, built by PyYAML once the size is known good
+        del sizes[id(node)]
+        total = _index_node(node, path, lines, problems, file, sizes)
+        value = loader.construct_object(node, deep=True) if total <= MAX_ALIASED else None
+    built[id(node)] = value
+    sizes[id(node)] = min(total, _ENDLESS)
+    return value
+
+
+def _scalar(node: yaml.Node, loader: Any) -> Any:
+    if node.tag == _STR:
+        return node.value
+    if node.tag == _INT and node.value.isdigit() and (node.value[0] != "0" or node.value == "0"):
+        return int(node.value)
+    return loader.construct_object(node)
+
+
+def _plain_keys(node: yaml.MappingNode) -> bool:
+    return all(isinstance(k, yaml.ScalarNode) and k.tag in (_STR, _INT) for k, _ in node.value)
 
 
 def _index_node(
