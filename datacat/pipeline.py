@@ -382,7 +382,7 @@ class BatchView:
         if not self.read_ahead:
             return
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
-            self._pool, self._pid, self._pending = concurrent.futures.ThreadPoolExecutor(1), os.getpid(), {}
+            self._pool, self._pid, self._pending = concurrent.futures.ThreadPoolExecutor(self.read_ahead), os.getpid(), {}
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)
             later = list(self._upcoming[at : at + self.read_ahead])

@@ -1,6 +1,6 @@
 """``datacat verify``: an entry's shards checked against storage, and a manifest written for later opens.
 
-Storage is listed once; each shard is counted in parallel (tars indexed,
+Storage is listed once; each shard is counted in parallel (tars and remote ArrayRecords indexed,
 ArrayRecord footers read) and compared with what the entry declares;
 ``deep`` also decodes every image. The facts found are written to the
 cache's manifest (:mod:`datacat.manifest`), so ``describe``, ``count`` and
@@ -123,7 +123,8 @@ def verify(
     reports = {
         s.name: ShardReport(s.name, s.url, declared=declared.get(s.name), bytes=listing[s.name][0]) for s in found
     }
-    facts = _count(plan, found, threads, lambda done: say("counted", done, len(found)))
+    sizes = {name: size for name, (size, _) in listing.items() if size is not None}
+    facts = _count(plan, found, sizes, threads, lambda done: say("counted", done, len(found)))
     for shard, fact in zip(found, facts, strict=True):
         report = reports[shard.name]
         if isinstance(fact, BaseException):
@@ -192,7 +193,7 @@ def _list(plan: Plan) -> dict[str, tuple[int | None, str | None]]:
 
 
 def _count(
-    plan: Plan, shards: list[Shard], threads: int, advance: Callable[[int], None]
+    plan: Plan, shards: list[Shard], sizes: dict[str, int], threads: int, advance: Callable[[int], None]
 ) -> list[ShardFacts | BaseException]:
     """Each shard's facts (records, index), or the error that kept it from being read."""
     if not shards:
@@ -203,10 +204,15 @@ def _count(
         reader = WebDatasetReader(plan.model_copy(update={"shards": tuple(shards)}), index=False)
         count_one: Callable[[int], ShardFacts] = reader._index_shard
     else:
-        from datacat.formats.array_record import count_records
+        from datacat.formats.array_record import count_records, index_shard
 
         def count_one(i: int) -> ShardFacts:
-            return ShardFacts(shards[i].name, count_records(shards[i].url), url=shards[i].url)
+            url, name = shards[i].url, shards[i].name
+            if is_remote(url):  # the chunk index too, so that loading reads no footer
+                facts = index_shard(url, name, plan.storage_options, size=sizes.get(name))
+                if facts is not None:
+                    return facts
+            return ShardFacts(name, count_records(url), url=url)
 
     def attempt(i: int) -> ShardFacts | BaseException:
         try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import jpeg, make_array_record
 
@@ -142,3 +143,47 @@ def test_a_damaged_chunk_is_a_skipped_sample_not_a_dead_epoch(tmp_path: Path) ->
     assert len(keys) == 19 and len(set(keys)) == 19
     (bad,) = loader.ledger.skipped
     assert bad.key == "0.ar:16" and bad.shard.endswith("0.ar") and "hash mismatch" in bad.reason
+
+
+@pytest.mark.parametrize(
+    ("options", "records"),
+    [
+        ("group_size:1", 60),
+        ("group_size:5", 60),
+        ("group_size:1,uncompressed", 60),
+        ("group_size:1", 3000),
+    ],
+)
+def test_python_chunk_index_reads_what_array_record_wrote(tmp_path: Path, options: str, records: int) -> None:
+    from array_record.python import array_record_module
+
+    from datacat.formats import riegeli
+
+    rng = np.random.default_rng(records)
+    big = records < 1000
+    written = [rng.bytes(int(rng.integers(0, 150_000 if big else 20))) for _ in range(records)]
+    path = tmp_path / "x.array_record"
+    writer = array_record_module.ArrayRecordWriter(str(path), options)
+    for record in written:
+        writer.write(record)
+    writer.close()
+    data = path.read_bytes()
+    index = riegeli.read_index(data[-riegeli.tail_size(len(data)) :], len(data))
+    tail = data[-riegeli.BLOCK :]  # the postscript alone: the footer must be asked for
+    with pytest.raises(riegeli.NeedMore) as more:
+        riegeli.read_index(tail, len(data))
+    assert riegeli.read_index(tail, len(data), data[more.value.offset : -len(tail)]).to_array().tolist() == (
+        index.to_array().tolist()
+    )
+    assert len(index) == records
+    for position in rng.permutation(records)[:200]:
+        chunk, k = index.locate(int(position))
+        start, end = int(index.starts[chunk]), int(index.ends[chunk])
+        assert riegeli.decode_chunk(data[start:end], start)[k] == written[position]
+    again = riegeli.ChunkIndex.from_array(index.to_array())
+    assert again.locate(records - 1) == index.locate(records - 1)
+    with pytest.raises(ValueError):  # a truncated copy: its last block is not a postscript
+        riegeli.read_index(data[: len(data) // 2][-riegeli.tail_size(len(data) // 2) :], len(data) // 2)
+    start, end = int(index.starts[-1]), int(index.ends[-1])
+    with pytest.raises(ValueError, match="cut short|declares"):  # a range cut short by the network
+        riegeli.decode_chunk(data[start : end - (end - start) // 2], start)

@@ -80,3 +80,51 @@ def test_both_backends_read_gs_in_worker_processes(
     env = {"DATACAT_CATALOG": str(tmp_path / "gcs.yaml"), "TEST_BUCKET": bucket}
     (result,) = run_ranks("jax", loads, env=env)[0]
     assert sum(len(b) for b in result["batches"]) == 55
+
+
+def test_remote_array_records_are_read_by_chunk_index_or_else_by_the_cpp_client(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zstd shards: exact ranges from the chunk index; brotli (not decoded in Python): array_record's own client.
+
+    Both give the records the local copy holds; a truncated shard is a ShardError naming it.
+    """
+    import gcsfs
+    from array_record.python import array_record_module
+
+    from datacat.formats.array_record import ArrayRecordReader
+
+    monkeypatch.setenv("DATACAT_CACHE", str(tmp_path / "cache"))
+    source = builtin_catalog_dir() / "sample" / "array_record" / "00000.array_record"
+    reader = array_record_module.ArrayRecordReader(str(source))
+    records = reader.read_all()
+    reader.close()
+    fs = gcsfs.GCSFileSystem(token="anon")
+    for options in ("group_size:1,zstd:3", "group_size:4,zstd:3", "group_size:1,uncompressed", "group_size:1,brotli"):
+        local = tmp_path / "shard.array_record"
+        writer = array_record_module.ArrayRecordWriter(str(local), options)
+        for record in records:
+            writer.write(record)
+        writer.close()
+        fs.pipe(f"datacat-test/variants/{options.replace(',', '-')}.array_record", local.read_bytes())
+    data = local.read_bytes()
+    fs.pipe("datacat-test/variants/truncated.array_record", data[: len(data) // 2])
+    (tmp_path / "v.yaml").write_text(
+        "".join(
+            f"v{i}: {{description: d, format: array_record, location: {{root: '{bucket}/variants', "
+            f"shards: '{name}.array_record', storage_options: {{token: anon}}}}, record: {{layout: single}}}}\n"
+            for i, name in enumerate(
+                ("group_size:1-zstd:3", "group_size:4-zstd:3", "group_size:1-uncompressed", "group_size:1-brotli")
+            )
+        )
+        + f"vbad: {{description: d, format: array_record, location: {{root: '{bucket}/variants', "
+        "shards: 'truncated.array_record', storage_options: {token: anon}}, record: {layout: single}}\n"
+    )
+    catalog = datacat.load_catalog([tmp_path / "v.yaml"], builtin=False)
+    for i, by_index in enumerate((True, True, True, False)):
+        variant = ArrayRecordReader(datacat.resolve(f"v{i}", catalog=catalog, image_size=16))
+        assert bool(variant.index_files) is by_index, i
+        got = variant.items(list(range(len(records)))[::-1])
+        assert [item.payload for item in got] == records[::-1], i  # type: ignore[union-attr]
+    with pytest.raises(datacat.ShardError, match=r"truncated\.array_record.*Re-copy it"):
+        ArrayRecordReader(datacat.resolve("vbad", catalog=catalog, image_size=16))

@@ -10,6 +10,7 @@ local copy, and say how many retries it made.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 
@@ -141,17 +142,20 @@ def test_after_verify_a_glob_entry_opens_with_no_listing_or_footer_read(
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert any(path.endswith("/o") or "/o?" in path for _, path, _ in clean.log)  # verify listed the folder
         clean.reset_counts()
-        code = (  # start-up only: reading records opens each shard's reader, which reads its footer then
+        code = (
             "import datacat\n"
             "assert datacat.describe('gar')['shard_count'] == 3\n"
             "loader = datacat.open('gar', framework='torch', batch_size=8)\n"
-            "print('BATCHES', len(loader))\n"
+            "print('BATCHES', len(loader), flush=True)\n"
+            "print('KEYS', len(next(iter(loader))['key']), flush=True)\n"
         )
         opened = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-        assert "BATCHES 12" in opened.stdout, opened.stderr[-2000:]
-        listings = [path for _, path, _ in clean.log if path.split("?")[0].endswith("/o")]
-        footers = [rng for _, _, rng in clean.log if rng and rng.startswith("bytes=-")]
-        assert listings == [] and footers == [], clean.log
+        assert "BATCHES 12" in opened.stdout and "KEYS 8" in opened.stdout, opened.stderr[-2000:]
+        # No listing, no metadata, no footer: only the records' own byte ranges, each closed at both ends.
+        assert clean.log and all(
+            method == "GET" and "alt=media" in path and rng and re.fullmatch(r"bytes=\d+-\d+", rng)
+            for method, path, rng in clean.log
+        ), clean.log
     finally:
         clean.stop()
 

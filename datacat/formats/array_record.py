@@ -1,10 +1,17 @@
-"""ArrayRecord shards read by index through array_record's random-access data source.
+"""ArrayRecord shards read by index: local ones through array_record's data source, remote ones by exact ranges.
 
 Imported from array_record itself rather than from grain, whose import pulls
 in jax; the torch path must not pay for that. Record counts come from the
 catalog's ``per_shard`` when declared, so opening a dataset does not open
-every shard; each shard's real count is checked against the declared one
-the first time this process reads from it.
+every local shard; each shard's real count is checked against the declared
+one the first time this process reads from it.
+
+A remote shard's chunk index (its footer, read once and cached beside the
+manifest) makes each record one exact byte range fetched through fsspec,
+a batch's ranges at once (:mod:`datacat.formats.riegeli`): array_record's
+own client asks for open-ended ranges and opens a connection per record.
+A shard whose chunks are not decoded in Python (brotli, snappy, transposed)
+is read by the C++ client, as local shards are.
 """
 
 from __future__ import annotations
@@ -12,29 +19,34 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 # The C++ reader (it also reads gs:// itself); only array_record entries need it.
 from array_record.python import array_record_data_source, array_record_module
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, only_item, record_caption
+from datacat.formats import RawItem, only_item, record_caption, riegeli
 from datacat.formats.packed import unpack_pre_resized, unpack_record
-from datacat.formats.storage import is_remote, read_ranges, with_retries
+from datacat.formats.storage import is_remote, object_size, read_ranges, with_retries
 from datacat.limits import connect_timeout
-from datacat.manifest import Manifest, ShardFacts, load_manifest, save_manifest
+from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
 from datacat.resolve import Plan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArrayRecordReader", "count_elsewhere", "count_records", "opened_here"]
+__all__ = ["ArrayRecordReader", "count_elsewhere", "count_records", "index_shard", "opened_here"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +56,10 @@ class _FileInstruction:
     skip: int
     take: int
     examples_in_shard: int
+
+
+def _index_dir() -> Path:
+    return cache_dir() / "ar-index"
 
 
 def opened_here() -> bool:
@@ -163,6 +179,48 @@ def _remember_counts(plan: Plan, counts: Sequence[int | None]) -> None:
         log.warning("cannot write the manifest of %s: %s", plan.name, exc)
 
 
+def index_shard(url: str, name: str, storage_options: dict[str, Any], *, size: int | None = None) -> ShardFacts | None:
+    """Reads the chunk index of one remote shard (``size`` bytes, asked for when None) into the cache.
+
+    Two requests at most (the size, then the last 1 MiB: postscript and
+    footer). None when its chunks are not decoded in Python: read it with
+    array_record's client.
+    """
+    if size is None:
+        size = object_size(url, storage_options)
+    start = size - riegeli.tail_size(size)
+    (tail,) = read_ranges([(url, start, size)], storage_options)
+    if isinstance(tail, Exception):
+        raise tail
+    try:
+        try:
+            index = riegeli.read_index(tail, size)
+        except riegeli.NeedMore as more:  # a footer of more than ~80k chunks
+            (head,) = read_ranges([(url, more.offset, start)], storage_options)
+            if isinstance(head, Exception):
+                raise head from None
+            index = riegeli.read_index(tail, size, head)
+    except riegeli.Unsupported as exc:
+        log.info("%s is read by array_record's own client: %s", url, exc)
+        return None
+    except ValueError as exc:
+        raise ShardError(
+            f"ArrayRecord shard {url} cannot be read ({exc}): it is truncated or not an ArrayRecord file. "
+            "Re-copy it, or add it to the entry's missing list.",
+            url=url,
+        ) from None
+    array = index.to_array()
+    digest = hashlib.sha256(array.tobytes() + url.encode()).hexdigest()[:24]
+    folder = _index_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{digest}.npy"
+    if not path.is_file():
+        tmp = folder / f".tmp-{digest}-{os.getpid()}-{threading.get_ident()}.npy"
+        np.save(tmp, array)
+        os.replace(tmp, path)
+    return ShardFacts(name, len(index), url=url, bytes=size, index=path.name)
+
+
 def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
     """Raises unless fsspec can read remote ``url``: array_record's own GCS client would retry for minutes.
 
@@ -188,13 +246,27 @@ class ArrayRecordReader:
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
+        self.names = tuple(s.name for s in plan.shards)
         self.storage_options = dict(plan.storage_options)
         self.remote = bool(self.urls) and is_remote(self.urls[0])
-        if self.remote:
-            check_reachable(self.urls[0], self.storage_options)
         self.record = plan.record
         self.declared = tuple(s.samples for s in plan.shards)
+        self.index_files: tuple[str, ...] = ()
+        self._chunks: dict[int, riegeli.ChunkIndex] = {}
         counts = list(self.declared)
+        facts = self._chunk_indexes(plan) if self.remote else None
+        if facts is not None:  # every shard has its chunk index: records are exact ranges, counts are known
+            for url, declared, fact in zip(self.urls, self.declared, facts, strict=True):
+                if declared is not None and declared != fact.records:
+                    raise ShardError(
+                        f"ArrayRecord shard {url} has {fact.records} records, the catalog declares {declared}; "
+                        "correct totals.per_shard or re-copy the shard",
+                        url=url,
+                    )
+            self.index_files = tuple(str(f.index) for f in facts)
+            counts = [f.records for f in facts]
+        elif self.remote:
+            check_reachable(self.urls[0], self.storage_options)
         uncounted = [i for i, n in enumerate(counts) if n is None]
         if uncounted:  # no per_shard and no manifest: read each footer once, all at once, elsewhere
             for i, n in zip(uncounted, count_elsewhere([self.urls[i] for i in uncounted]), strict=True):
@@ -216,7 +288,53 @@ class ArrayRecordReader:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_checked"] = set()
+        state["_chunks"] = {}  # workers map the index files themselves
         return state
+
+    def _chunk_indexes(self, plan: Plan) -> list[ShardFacts] | None:
+        # Each remote shard's chunk index, from the cache or read now (all shards at once); None if a shard's
+        # chunks are not decoded in Python.
+        manifest = load_manifest(plan.manifest) or Manifest(plan.manifest, plan.name, plan.root, {})
+        names = self.names
+        todo = [
+            i
+            for i, name in enumerate(names)
+            if (facts := manifest.shards.get(name)) is None
+            or facts.url != self.urls[i]
+            or facts.index is None
+            or not (_index_dir() / facts.index).is_file()
+        ]
+        if todo:
+            log.info(
+                "%s: reading the chunk index of %d ArrayRecord shard(s) (once; cached in %s)",
+                self.name,
+                len(todo),
+                cache_dir(),
+            )
+
+            def one(i: int) -> ShardFacts | None:
+                known = manifest.shards.get(names[i])
+                size = known.bytes if known is not None and known.url == self.urls[i] else None
+                return index_shard(self.urls[i], names[i], self.storage_options, size=size)
+
+            with concurrent.futures.ThreadPoolExecutor(min(16, len(todo))) as pool:
+                found = list(pool.map(one, todo))
+            if any(f is None for f in found):
+                return None
+            for i, facts in zip(todo, found, strict=True):
+                manifest.shards[names[i]] = facts  # type: ignore[assignment]
+            try:
+                save_manifest(manifest)
+            except OSError as exc:  # a read-only cache costs the footers again next time, nothing else
+                log.warning("cannot write the manifest of %s to %s: %s", plan.name, cache_dir(), exc)
+        return [manifest.shards[n] for n in names]
+
+    def _chunk_index(self, shard: int) -> riegeli.ChunkIndex:
+        index = self._chunks.get(shard)
+        if index is None:
+            array = np.load(_index_dir() / self.index_files[shard])
+            index = self._chunks[shard] = riegeli.ChunkIndex.from_array(array)
+        return index
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, position in shard) of global record ``index``."""
@@ -236,6 +354,8 @@ class ArrayRecordReader:
         cannot be opened a ``ShardError``.
         """
         where = [self.locate(i) for i in indices]
+        if self.index_files:
+            return self._items(indices, where, self._read_ranges(where))
         _note_opened()  # the data source opens its readers on these reads
         try:
             for shard in {s for s, _ in where} - self._checked:
@@ -267,6 +387,46 @@ class ArrayRecordReader:
             else RawItem(f"{os.path.basename(self.urls[shard])}:{position}", self.urls[shard], index, data)
             for index, (shard, position), data in zip(indices, where, payloads, strict=True)
         ]
+
+    def _read_ranges(self, where: Sequence[tuple[int, int]]) -> list[bytes | Exception]:
+        # Each chunk the records lie in, fetched once, all at once; a record of a chunk that does not
+        # decode is a RecordError for the bad-sample policy.
+        wanted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for slot, (shard, position) in enumerate(where):
+            c, k = self._chunk_index(shard).locate(position)
+            wanted.setdefault((shard, c), []).append((slot, k))
+        requests = [
+            (self.urls[shard], int(self._chunk_index(shard).starts[c]), int(self._chunk_index(shard).ends[c]))
+            for shard, c in wanted
+        ]
+        out: list[bytes | Exception] = [b""] * len(where)
+        for shard_chunk, (url, start, _), data in zip(
+            wanted, requests, read_ranges(requests, self.storage_options), strict=True
+        ):
+            records: list[bytes] | Exception
+            if isinstance(data, Exception):
+                records = data
+            else:
+                try:
+                    records = riegeli.decode_chunk(data, start)
+                except ValueError as exc:
+                    records = exc
+            for slot, k in wanted[shard_chunk]:
+                if isinstance(records, list) and k < len(records):
+                    out[slot] = records[k]
+                    continue
+                position = where[slot][1]
+                out[slot] = (
+                    records
+                    if isinstance(records, ShardError | FileNotFoundError)
+                    else RecordError(
+                        f"record {position} of ArrayRecord shard {url} cannot be read: "
+                        f"{records if isinstance(records, Exception) else 'its chunk holds fewer records'}",
+                        url=url,
+                        key=f"{os.path.basename(url)}:{position}",
+                    )
+                )
+        return out
 
     def item(self, index: int) -> RawItem:
         """The raw bytes of global record ``index``."""

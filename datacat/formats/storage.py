@@ -35,6 +35,7 @@ __all__ = [
     "failed",
     "filesystem",
     "is_remote",
+    "object_size",
     "open_url",
     "read_bytes",
     "read_many",
@@ -253,6 +254,20 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, bloc
         raise _not_found(url) from None
     except (IsADirectoryError, PermissionError) as exc:
         raise ShardError(f"cannot open {url}: {redact(exc)}", url=url) from None
+
+
+def object_size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """The size in bytes of the object at ``url`` (one metadata request when remote), retried, under the deadline."""
+    if not is_remote(url):
+        try:
+            return os.path.getsize(_local(url.removeprefix("file://")))
+        except FileNotFoundError:
+            raise _not_found(url) from None
+    fs, path = filesystem(url, storage_options)
+    get_object = getattr(fs, "_get_object", None)  # gcsfs: the object's metadata alone (its info() lists too)
+    if get_object is None:
+        return int(with_retries(lambda: fs.info(path, **deadline(fs))["size"], url))
+    return int(with_retries(lambda: fsspec.asyn.sync(fs.loop, get_object, path, **deadline(fs))["size"], url))
 
 
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:

@@ -1,0 +1,211 @@
+"""ArrayRecord's layout read in Python: the chunk index from the footer, and a chunk's records from its bytes.
+
+array_record's own C++ client reads a remote record with an open-ended
+range (``bytes=N-``) and drops the connection once it has its chunk: a new
+connection, and a server streaming bytes nobody reads, for every record.
+With the chunk offsets known, a record is one exact range through fsspec
+(concurrent, retried, under the read deadline like every other read here).
+
+The layout, from the Riegeli records format and array_record's
+``layout.proto``: the file is 64 KiB blocks, each starting with a 24-byte
+block header that may interrupt a chunk; a chunk is a 40-byte header and
+its data. The last block holds a ``RiegeliPostscript`` (footer offset,
+magic); the footer chunk before it holds a ``RiegeliFooterMetadata`` and
+one ``ArrayRecordFooter`` (chunk offset, records) per chunk. Simple chunks
+(``r``) uncompressed or zstd are decoded here; a transposed chunk, or
+brotli or snappy compression, is ``Unsupported`` and the caller falls back
+to the C++ reader. Riegeli's HighwayHash checksums are not recomputed: a
+damaged chunk shows as sizes that do not add up or a zstd frame that does
+not decode.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BLOCK", "ChunkIndex", "Unsupported", "decode_chunk", "read_index", "tail_size"]
+
+BLOCK = 1 << 16
+_BLOCK_HEADER = 24
+_CHUNK_HEADER = 40
+_MAGIC = 0x71930E704FDAE05E
+_TAIL = 1 << 20
+"""Bytes read from a shard's end for its index: the postscript block and, for up to ~80k chunks, the footer."""
+
+
+class Unsupported(ValueError):
+    """A chunk this module does not decode (transposed, brotli, snappy): read it with the C++ reader."""
+
+
+class ChunkIndex:
+    """Where each chunk of one shard starts and how many records it holds; ``ends[i]`` is where chunk i stops."""
+
+    def __init__(self, starts: np.ndarray, records: np.ndarray, footer: int) -> None:
+        self.starts = starts
+        self.records = records
+        self.ends = np.append(starts[1:], footer)
+        self.first = np.concatenate(([0], np.cumsum(records)))  # first record of each chunk, and the total
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """(chunk, record within it) of the shard's record ``position``."""
+        chunk = int(np.searchsorted(self.first, position, side="right")) - 1
+        return chunk, position - int(self.first[chunk])
+
+    def to_array(self) -> np.ndarray:
+        """int64 [chunks + 1, 2]: (start, records) per chunk, then (footer offset, 0)."""
+        rows = np.stack([self.starts, self.records], axis=1)
+        return np.concatenate([rows, [[self.ends[-1] if len(self.ends) else 0, 0]]]).astype(np.int64)
+
+    @classmethod
+    def from_array(cls, array: np.ndarray) -> ChunkIndex:
+        return cls(np.asarray(array[:-1, 0]), np.asarray(array[:-1, 1]), int(array[-1, 0]))
+
+
+def tail_size(size: int) -> int:
+    """How many bytes from the end of a ``size``-byte shard to read first."""
+    return min(size, _TAIL)
+
+
+def read_index(tail: bytes, size: int, more: bytes = b"") -> ChunkIndex:
+    """The chunk index of a ``size``-byte shard from its last ``len(tail)`` bytes.
+
+    Raises ``NeedMore`` (a ``ValueError``) with the footer offset when the
+    footer starts before the tail; call again with ``more`` holding the
+    bytes from that offset up to the tail.
+    """
+    if size < BLOCK or len(tail) < BLOCK:
+        raise ValueError(f"{size} bytes is shorter than an ArrayRecord file (a 64 KiB postscript block at least)")
+    postscripts = decode_chunk(tail[-BLOCK:], size - BLOCK)  # the writer repeats it; the reader takes the first
+    fields = _proto_varints(postscripts[0]) if postscripts else {}
+    footer, magic = fields.get(1), fields.get(2)
+    if footer is None or magic != _MAGIC:
+        raise ValueError("no ArrayRecord postscript in the last block (not an ArrayRecord file, or truncated)")
+    have = size - len(tail) - len(more)
+    if footer < have:
+        raise NeedMore(footer)
+    buffer = (more + tail)[footer - have : len(more) + len(tail) - BLOCK]
+    records = decode_chunk(buffer, footer)
+    metadata = _proto_varints(records[0]).get(1) if records else None  # RiegeliFooterMetadata.array_record_metadata
+    if not isinstance(metadata, bytes) or _proto_varints(metadata).get(1) != 1:  # its version
+        raise ValueError("the footer chunk holds no ArrayRecord metadata of version 1")
+    options = _proto_varints(metadata).get(4, b"")  # the writer's options, e.g. "group_size:1,transpose:false,zstd:3"
+    if b"transpose:true" in options:
+        raise Unsupported("its chunks are transposed")
+    starts, counts = [], []
+    for record in records[1:]:
+        entry = _proto_varints(record)
+        if 1 not in entry:
+            raise ValueError("a footer entry has no chunk offset")
+        starts.append(entry[1])
+        counts.append(entry.get(3, 0))
+    return ChunkIndex(np.array(starts, dtype=np.int64), np.array(counts, dtype=np.int64), footer)
+
+
+class NeedMore(ValueError):
+    """The footer begins before the bytes given: ``offset`` is where it starts."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"the footer starts at {offset}, before the bytes read")
+        self.offset = offset
+
+
+def decode_chunk(data: bytes, start: int) -> list[bytes]:
+    """The records of the chunk whose bytes (block headers included) are ``data``, read from file offset ``start``."""
+    body = _without_block_headers(data, start)
+    if len(body) < _CHUNK_HEADER:
+        raise ValueError(f"a chunk at {start} is cut short ({len(body)} bytes)")
+    data_size, chunk_type, num_records, decoded_size = _chunk_header(body)
+    payload = body[_CHUNK_HEADER : _CHUNK_HEADER + data_size]
+    if len(payload) != data_size:
+        raise ValueError(f"the chunk at {start} declares {data_size} bytes of data, {len(payload)} are there")
+    if chunk_type in (b"s", b"p"):  # signature, padding: no records
+        return []
+    if chunk_type != b"r":
+        raise Unsupported(f"chunk type {chunk_type!r} at {start} (transposed or metadata): not decoded here")
+    compression = payload[0]
+    sizes_length, at = _varint(payload, 1)
+    sizes = _decompress(compression, payload[at : at + sizes_length])
+    values = _decompress(compression, payload[at + sizes_length :])
+    lengths, pos = [], 0
+    for _ in range(num_records):
+        length, pos = _varint(sizes, pos)
+        lengths.append(length)
+    if pos != len(sizes) or sum(lengths) != decoded_size or len(values) != decoded_size:
+        raise ValueError(f"the chunk at {start} does not add up: its record sizes disagree with its data")
+    out, pos = [], 0
+    view = memoryview(values)
+    for length in lengths:
+        out.append(bytes(view[pos : pos + length]))
+        pos += length
+    return out
+
+
+def _chunk_header(body: bytes) -> tuple[int, bytes, int, int]:
+    _, data_size, _, type_and_count, decoded_size = struct.unpack_from("<QQQQQ", body)
+    return data_size, bytes([type_and_count & 0xFF]), type_and_count >> 8, decoded_size
+
+
+def _without_block_headers(data: bytes, start: int) -> bytes:
+    first = -start % BLOCK  # offset in ``data`` of the first block boundary
+    if first >= len(data):
+        return data
+    pieces = [data[:first]]
+    for boundary in range(first, len(data), BLOCK):
+        pieces.append(data[boundary + _BLOCK_HEADER : boundary + BLOCK])
+    return b"".join(pieces)
+
+
+def _decompress(compression: int, block: bytes) -> bytes:
+    if compression == 0:
+        return block
+    size, at = _varint(block, 0)
+    if compression == ord("z"):
+        import zstandard
+
+        out = zstandard.ZstdDecompressor().decompress(block[at:], max_output_size=size)
+        if len(out) != size:
+            raise ValueError(f"a zstd block decoded to {len(out)} bytes, {size} declared")
+        return out
+    raise Unsupported(f"compression {chr(compression)!r} is not decoded here")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("a varint runs past its buffer")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _proto_varints(message: bytes) -> dict[int, Any]:
+    """The varint fields of a protobuf message by field number (a message field's value: its bytes)."""
+    fields: dict[int, Any] = {}
+    pos = 0
+    while pos < len(message):
+        tag, pos = _varint(message, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            fields[number], pos = _varint(message, pos)
+        elif wire == 2:
+            length, pos = _varint(message, pos)
+            fields[number], pos = message[pos : pos + length], pos + length
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} in an ArrayRecord footer")
+    if pos != len(message):
+        raise ValueError("a protobuf message in the footer runs past its end")
+    return fields
