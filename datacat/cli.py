@@ -240,6 +240,9 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
         )
     )
     say(f"{indent}  size: {_bytes(plan['bytes'])}")
+    for split_name, split in (info.get("splits") or {}).items():
+        count = "?" if split["samples"] is None else f"{split['samples']:,}"
+        say(f"{indent}  split {split_name}: {split['pattern']}, samples {count} (--split {split_name} reads it)")
     loading = plan["loading"]
     if plan["components"]:
         # A mixture's batches get each component's own loading, with what the mixture entry sets on top.

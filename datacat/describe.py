@@ -53,6 +53,10 @@ def describe(
         "pattern": _pattern(entry),
         "shard_count": len(plan.shards) if plan.glob is None else None,
         "declared": entry.totals.model_dump(mode="json", exclude_none=True),
+        "splits": {
+            split_name: {"pattern": _pattern_of(where.shards), "samples": where.samples}
+            for split_name, where in entry.splits.items()
+        },
         "contract": layout_contract(plan, entry),
         "fingerprint": plan.fingerprint(),
         "plan": plan.to_json(),
@@ -60,9 +64,10 @@ def describe(
 
 
 def _pattern(entry: Entry) -> Any:
-    if entry.location is None:
-        return None
-    shards = entry.location.shards
+    return None if entry.location is None else _pattern_of(entry.location.shards)
+
+
+def _pattern_of(shards: str | tuple[str, ...]) -> Any:
     return list(shards) if isinstance(shards, tuple) else shards
 
 
@@ -100,6 +105,18 @@ def layout_contract(plan: Plan, entry: Entry | None = None) -> list[str]:
             lines.append(
                 "A record is a packed dict with 'image' (raw uint8 HxWx3), 'shape' (two little-endian int32: H, W), "
                 "'caption' (utf-8) and optionally 'label'."
+            )
+        elif record.layout == "tf_example":
+            lines.append(
+                "A record is a serialized tf.train.Example, as `tfds build --file_format=array_record` writes it: "
+                f"feature {record.image if record.image != 'jpg' else 'image'!r} the encoded image, {(record.label or 'label')!r} the label, "
+                f"{(record.key or 'file_name')!r} the key"
+                + (f", {record.caption!r} the caption" if record.caption else "")
+                + "."
+            )
+            lines.append(
+                "Without totals.per_shard, the shard lengths come from dataset_info.json beside the shards; "
+                "class names from loading.captions.class_names, else label.labels.txt beside the shards."
             )
         else:
             lines.append("A record is one encoded image, with no caption.")

@@ -319,8 +319,9 @@ class BatchView:
     "marks": [...]}``: the good samples in order, collated to numpy arrays,
     and the markers of bad ones or errors, for the main process's ledger.
     While a batch decodes, the next ``read_ahead`` batches this process
-    will ask for (the stride of its last two requests) are fetched in a
-    thread, so storage latency hides behind the CPU work. Never raises for
+    will ask for (the stride of its last two requests) are fetched, each in
+    a thread of its own, so storage latency hides behind the CPU work (three
+    batches: at 80 ms a request, two held a worker to ~0.8 of its rate). Never raises for
     data: errors travel as markers.
     """
 
@@ -328,7 +329,7 @@ class BatchView:
         self,
         view: EpochView | Any,
         *,
-        read_ahead: int = 2,
+        read_ahead: int = 3,
         origin: int | None = None,
         allocate: Allocate | None = None,
     ) -> None:
@@ -382,7 +383,11 @@ class BatchView:
         if not self.read_ahead:
             return
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
-            self._pool, self._pid, self._pending = concurrent.futures.ThreadPoolExecutor(self.read_ahead), os.getpid(), {}
+            self._pool, self._pid, self._pending = (
+                concurrent.futures.ThreadPoolExecutor(self.read_ahead),
+                os.getpid(),
+                {},
+            )
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)
             later = list(self._upcoming[at : at + self.read_ahead])

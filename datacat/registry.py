@@ -52,7 +52,7 @@ FORMATS: dict[str, FormatInfo] = {
         _AR_HINT,
         "random",
         ("location",),
-        ("packed", "pre_resized", "single"),
+        ("packed", "pre_resized", "single", "tf_example"),
     ),
     "image_folder": FormatInfo(
         "datacat.formats.image_folder:ImageFolderReader", "", "random", ("location",), ("files",)

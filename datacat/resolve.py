@@ -179,6 +179,11 @@ def _resolve(
 ) -> Plan:
     entry, source = catalog[name], catalog.sources[name]
     loading = override_loading(name, entry.loading, options)
+    names_file = loading.captions.class_names
+    if names_file and "captions" not in options and "://" not in names_file and not os.path.isabs(names_file):
+        # The entry's own class-names file is relative to its catalog file, like location.root.
+        anchored = os.path.normpath(source.folder / os.path.expanduser(names_file))
+        loading = loading.model_copy(update={"captions": loading.captions.model_copy(update={"class_names": anchored})})
     info = FORMATS[entry.format]
     common: dict[str, Any] = dict(
         name=name,
@@ -216,7 +221,7 @@ def _resolve(
             shards = _list_glob(glob, storage_options)
             glob = None
     exact = bool(shards) and train_shards and all(s.samples is not None for s in shards)
-    samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if train_shards else None)
+    samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if train_shards else location.samples)
     declared = set(entry.totals.per_shard or {}) if train_shards else set()
     counted = exact and any(s.name not in declared for s in shards)
     images = None

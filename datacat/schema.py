@@ -35,7 +35,7 @@ Augmentation = Literal["none", "flip_only", "flip_jitter"]
 ResizeMode = Literal["center_crop", "squash", "pad"]
 BadSamplePolicy = Literal["raise", "skip"]
 Exhaustion = Literal["stop_on_first", "stop_on_all", "restart"]
-Layout = Literal["members", "packed", "pre_resized", "single", "files", "table"]
+Layout = Literal["members", "packed", "pre_resized", "single", "tf_example", "files", "table"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -59,6 +59,8 @@ class Location(_Frozen):
     """Shards the pattern names that do not exist: numbers of the brace range, or shard names."""
     storage_options: dict[str, Any] = {}
     """Passed to fsspec; string values may use `${VAR}` / `${VAR:-default}`."""
+    samples: NonNegativeInt | None = None
+    """Records in this split, as declared (for a split under `splits`; the entry's own is `totals.samples`)."""
 
 
 class Totals(_Frozen):
@@ -80,6 +82,8 @@ class Record(_Frozen):
     layout: Layout | None = None
     """Unset means the format's first: `members` (tar members by extension), `packed` (array_record length-prefixed dict),
     `pre_resized` (array_record `image`/`shape`/`caption`), `single` (one blob per record),
+    `tf_example` (array_record of serialized tf.train.Example, as `tfds build --file_format=array_record` writes;
+    shard lengths from the folder's `dataset_info.json`, class names from its `label.labels.txt`),
     `files` (an image folder), `table` (a CSV/TSV/parquet list of image paths)."""
     image: str | None = "jpg"
     """Key (or member extension, or column) holding the encoded image."""
@@ -97,7 +101,8 @@ class Captions(_Frozen):
     """How a record without text of its own gets a caption."""
 
     class_names: str | None = None
-    """A file of class names, one per line, relative to the catalog file or a URL."""
+    """A file of class names, one per line, relative to the catalog file or a URL
+    (a `tf_example` entry without one reads `label.labels.txt` beside its shards)."""
     templates: tuple[str, ...] = ()
     """Prompt templates with one `{}` for the class name; one is drawn per record."""
 

@@ -39,7 +39,8 @@ from array_record.python import array_record_data_source, array_record_module
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, only_item, record_caption, riegeli
 from datacat.formats.packed import unpack_pre_resized, unpack_record
-from datacat.formats.storage import is_remote, object_size, read_ranges, with_retries
+from datacat.formats.storage import is_remote, object_size, read_bytes, read_ranges, with_retries
+from datacat.formats.tf_example import parse_example, shard_lengths
 from datacat.limits import connect_timeout
 from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
 from datacat.resolve import Plan
@@ -254,6 +255,10 @@ class ArrayRecordReader:
         self.index_files: tuple[str, ...] = ()
         self._chunks: dict[int, riegeli.ChunkIndex] = {}
         counts = list(self.declared)
+        if self.record.layout == "tf_example" and None in counts:  # a TFDS folder says its shard lengths
+            lengths = _tfds_lengths(plan)
+            counts = [n if n is not None else lengths.get(name) for n, name in zip(counts, self.names, strict=True)]
+            self.declared = tuple(counts)
         facts = self._chunk_indexes(plan) if self.remote else None
         if facts is not None:  # every shard has its chunk index: records are exact ranges, counts are known
             for url, declared, fact in zip(self.urls, self.declared, facts, strict=True):
@@ -483,6 +488,8 @@ class ArrayRecordReader:
         """The record of one ArrayRecord entry, by the entry's layout (packed, pre_resized, single)."""
         record = self.record
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
+        if record.layout == "tf_example":
+            return _example_record(item.payload, record, out)
         if record.layout == "single":
             out.update(image=item.payload, caption=None)
             return out
@@ -501,6 +508,39 @@ class ArrayRecordReader:
             out["__key__"] = entries[record.key].decode("utf-8", "replace")
         out["entries"] = entries
         return out
+
+
+def _tfds_lengths(plan: Plan) -> dict[str, int]:
+    url = plan.root.rstrip("/") + "/dataset_info.json"
+    try:
+        return shard_lengths(read_bytes(url, plan.storage_options))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            2,
+            f"{url} not found: a tf_example entry without totals.per_shard reads its shard lengths from the "
+            "dataset_info.json that `tfds build` writes beside the shards; copy it there or declare per_shard",
+            url,
+        ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(f"{url} is not a TFDS dataset_info.json: {exc}", url=url) from None
+
+
+def _example_record(payload: bytes, record: Any, out: dict[str, Any]) -> dict[str, Any]:
+    # A TFDS feature dict: the image under record.image (or "image"), label, key and caption by name.
+    features = parse_example(payload)
+    image_key = record.image if record.image in features else "image"  # the schema's default ("jpg") is no feature
+    images = features.get(image_key)
+    out["image"] = images[0] if images else None
+    caption = features.get(record.caption) if record.caption else None
+    out["caption"] = caption[0].decode("utf-8").strip() if caption and isinstance(caption[0], bytes) else None
+    label = features.get(record.label or "label")
+    if label:
+        out["label"] = int(label[0])
+    key = features.get(record.key or "file_name")
+    if key and isinstance(key[0], bytes):
+        out["__key__"] = key[0].decode("utf-8", "replace")
+    out["entries"] = features
+    return out
 
 
 def _label(raw: bytes) -> int:

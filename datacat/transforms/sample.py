@@ -41,6 +41,8 @@ class ImageTransform:
         # Image-only sets (tokenizer training, clip-retrieval shards): the entry says caption: null,
         # or its records are single images. Their samples and batches have no "caption".
         self.image_only = (plan.record.caption is None or plan.record.layout == "single") and not self.names_path
+        if plan.record.layout == "tf_example" and not self.names_path:  # TFDS writes the names beside the shards
+            self.names_path = plan.root.rstrip("/") + "/label.labels.txt"
         self.tokenize = tokenize
 
     def __repr__(self) -> str:

@@ -1,0 +1,144 @@
+"""TFDS-prepared records: ``tf.train.Example`` parsed without TensorFlow, shard lengths from ``dataset_info.json``.
+
+``tfds build --file_format=array_record`` writes a version folder
+(``oxford_flowers102/2.1.1/``) holding ArrayRecord shards named
+``{dataset}-{split}.array_record-{i:05d}-of-{n:05d}``, whose records are
+serialized ``tf.train.Example`` protos, a ``dataset_info.json`` with each
+split's shard lengths, and ``label.labels.txt`` with the class names.
+
+An Example is three nested messages (``Example.features`` → ``Features.feature``,
+a map of name to ``Feature``, whose oneof is a ``BytesList``, ``FloatList``
+or ``Int64List``): parsed here directly from the protobuf wire format,
+which needs neither TensorFlow nor generated proto classes.
+tensorflow-datasets' ``ExampleParserNp`` would parse them without
+TensorFlow too (it ships its own ``tf_example_pb2``), but it needs the
+dataset's feature specs and the whole tensorflow-datasets package in every
+worker; a sixty-line wire parser needs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["parse_example", "shard_lengths"]
+
+Feature = list[bytes] | list[int] | list[float]
+
+
+def parse_example(data: bytes) -> dict[str, Feature]:
+    """The features of one serialized ``tf.train.Example``, by name: a list of bytes, ints or floats each."""
+    features: dict[str, Feature] = {}
+    for number, value in _fields(data):
+        if number != 1 or not isinstance(value, bytes):  # Example.features
+            continue
+        for entry_number, entry in _fields(value):
+            if entry_number != 1 or not isinstance(entry, bytes):  # Features.feature (a map entry)
+                continue
+            name, feature = b"", b""
+            for field, part in _fields(entry):
+                if field == 1 and isinstance(part, bytes):
+                    name = part
+                elif field == 2 and isinstance(part, bytes):
+                    feature = part
+            features[name.decode("utf-8")] = _feature(feature)
+    return features
+
+
+def _feature(data: bytes) -> Feature:
+    for kind, values in _fields(data):
+        if not isinstance(values, bytes):
+            raise ValueError("a tf.train.Feature holds no list")
+        items = [v for n, v in _fields(values) if n == 1]
+        if kind == 1:  # BytesList
+            return [v for v in items if isinstance(v, bytes)]
+        if kind == 3:  # Int64List: packed (one bytes item) or not (ints)
+            out: list[int] = []
+            for v in items:
+                if isinstance(v, bytes):
+                    out.extend(_packed_varints(v))
+                else:
+                    out.append(_signed(int(v)))
+            return out
+        if kind == 2:  # FloatList: packed little-endian float32, or fixed32 items
+            floats: list[float] = []
+            for v in items:
+                raw = v if isinstance(v, bytes) else struct.pack("<I", int(v))
+                floats.extend(x for (x,) in struct.iter_unpack("<f", raw))
+            return floats
+    return []
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _packed_varints(data: bytes) -> list[int]:
+    out, pos = [], 0
+    while pos < len(data):
+        value, pos = _varint(data, pos)
+        out.append(_signed(value))
+    return out
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("a tf.train.Example varint runs past its end")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(message: bytes) -> list[tuple[int, bytes | int]]:
+    """(field number, value) of each field: bytes for length-delimited, an int for varint and fixed32."""
+    out: list[tuple[int, bytes | int]] = []
+    pos = 0
+    while pos < len(message):
+        tag, pos = _varint(message, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _varint(message, pos)
+            out.append((number, value))
+        elif wire == 2:
+            length, pos = _varint(message, pos)
+            if pos + length > len(message):
+                raise ValueError("a tf.train.Example field runs past its end (a truncated record?)")
+            out.append((number, message[pos : pos + length]))
+            pos += length
+        elif wire == 5:
+            out.append((number, int.from_bytes(message[pos : pos + 4], "little")))
+            pos += 4
+        elif wire == 1:
+            pos += 8
+        else:
+            raise ValueError(f"protobuf wire type {wire}: not a tf.train.Example")
+    return out
+
+
+def shard_lengths(info: str | bytes | Mapping[str, Any]) -> dict[str, int]:
+    """Records per shard file name, from a TFDS ``dataset_info.json`` (its text or parsed), every split."""
+    data = json.loads(info) if isinstance(info, str | bytes) else info
+    name = data.get("name", "")
+    file_format = data.get("fileFormat", "array_record")
+    out: dict[str, int] = {}
+    for split in data.get("splits", []):
+        lengths = [int(n) for n in split.get("shardLengths", [])]
+        template = split.get("filepathTemplate") or "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+        for i, n in enumerate(lengths):
+            file = (
+                template.replace("{DATASET}", name)
+                .replace("{SPLIT}", split["name"])
+                .replace("{FILEFORMAT}", file_format)
+                .replace("{SHARD_X_OF_Y}", f"{i:05d}-of-{len(lengths):05d}")
+                .replace("{SHARD_INDEX}", f"{i:05d}")
+                .replace("{NUM_SHARDS}", f"{len(lengths):05d}")
+            )
+            out[file] = n
+    return out
