@@ -221,7 +221,9 @@ def _resolve(
             shards = _list_glob(glob, storage_options)
             glob = None
     exact = bool(shards) and train_shards and all(s.samples is not None for s in shards)
-    samples = sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if train_shards else location.samples)
+    samples = (
+        sum(s.samples or 0 for s in shards) if exact else (entry.totals.samples if train_shards else location.samples)
+    )
     declared = set(entry.totals.per_shard or {}) if train_shards else set()
     counted = exact and any(s.name not in declared for s in shards)
     images = None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import datacat
 from datacat import CatalogError, load_catalog
 from datacat.catalog import builtin_catalog_dir
 
@@ -122,3 +123,30 @@ def test_yaml_alias_bomb_is_refused_before_it_expands(tmp_path) -> None:
     )
     with pytest.raises(CatalogError, match="base"):  # an alias is fine; 'base' is just not an entry
         load_catalog([shared], builtin=False)
+
+
+def test_a_large_catalog_file_is_kept_parsed_and_parsed_again_when_edited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATACAT_CACHE", str(tmp_path / "cache"))
+    counts = ", ".join(f"{i:05d}.tar: {100 + i % 7}" for i in range(6000))  # ~96 KB: past the size kept parsed
+    path = tmp_path / "big.yaml"
+
+    def write(first: int) -> None:
+        path.write_text(
+            "big:\n  description: d\n  format: webdataset\n"
+            "  location: {root: '/data', shards: '{00000..05999}.tar'}\n"
+            f"  totals: {{per_shard: {{{counts.replace('00000.tar: 100', f'00000.tar: {first}')}}}}}\n"
+        )
+
+    write(100)
+    first = datacat.load_catalog([path], builtin=False)["big"]
+    assert len(list((tmp_path / "cache" / "parsed").iterdir())) == 1
+    again = datacat.load_catalog([path], builtin=False)["big"]  # from the cache this time
+    assert again == first and again.totals.per_shard["00000.tar"] == 100
+    write(55)
+    assert datacat.load_catalog([path], builtin=False)["big"].totals.per_shard["00000.tar"] == 55
+    write(-1)  # a problem is reported with its line, from the YAML itself, however often it is loaded
+    for _ in range(2):
+        with pytest.raises(datacat.CatalogError, match=r"big\.yaml:5 big\.totals\.per_shard\.00000\.tar"):
+            datacat.load_catalog([path], builtin=False)
