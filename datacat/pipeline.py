@@ -320,8 +320,9 @@ class BatchView:
     and the markers of bad ones or errors, for the main process's ledger.
     While a batch decodes, the next ``read_ahead`` batches this process
     will ask for (the stride of its last two requests) are fetched, each in
-    a thread of its own, so storage latency hides behind the CPU work (three
-    batches: at 80 ms a request, two held a worker to ~0.8 of its rate). Never raises for
+    a thread of its own, so storage latency hides behind the CPU work (two
+    batches in two threads: one thread held a worker to ~0.7 of its rate at
+    80 ms a request; three batches cost more CPU than they saved). Never raises for
     data: errors travel as markers.
     """
 
@@ -329,7 +330,7 @@ class BatchView:
         self,
         view: EpochView | Any,
         *,
-        read_ahead: int = 3,
+        read_ahead: int = 2,
         origin: int | None = None,
         allocate: Allocate | None = None,
     ) -> None:
