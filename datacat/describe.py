@@ -131,6 +131,15 @@ def layout_contract(plan: Plan, entry: Entry | None = None) -> list[str]:
         lines.append(
             "Images (.jpg, .jpeg, .png, .webp) anywhere under the folder; a caption in a .txt file beside each."
         )
+    elif plan.format == "huggingface":
+        column = record.image if record.image not in (None, "jpg") else "image"
+        text = f"column {record.caption!r}" if record.caption not in (None, "txt") else "column 'caption' or 'text'"
+        lines.append(
+            "The location is a Hugging Face hub dataset (hf://datasets/owner/name[@revision], path: its config) "
+            "or a local folder of parquet files; each shard name is a split, loaded through `datasets` "
+            f"(HF_HUB_OFFLINE=1 reads only the local cache). Images from column {column!r}, decoded by datacat"
+            + (f"; captions from {text}." if record.caption is not None else "; no captions.")
+        )
     elif plan.format == "image_list":
         lines.append(
             f"A CSV, TSV or parquet table with image paths in column {record.image!r}"

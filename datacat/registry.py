@@ -58,6 +58,13 @@ FORMATS: dict[str, FormatInfo] = {
         "datacat.formats.image_folder:ImageFolderReader", "", "random", ("location",), ("files",)
     ),
     "image_list": FormatInfo("datacat.formats.image_list:ImageListReader", "", "random", ("location",), ("table",)),
+    "huggingface": FormatInfo(
+        "datacat.formats.huggingface:HuggingFaceReader",
+        "Hugging Face datasets need the datasets library: pip install 'datacat[hf]'",
+        "random",
+        ("location",),
+        ("rows",),
+    ),
     "embeddings": FormatInfo(
         "datacat.formats.embeddings:EmbeddingsReader", "", "stream", ("location", "embeddings"), ("members",)
     ),

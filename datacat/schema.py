@@ -35,7 +35,7 @@ Augmentation = Literal["none", "flip_only", "flip_jitter"]
 ResizeMode = Literal["center_crop", "squash", "pad"]
 BadSamplePolicy = Literal["raise", "skip"]
 Exhaustion = Literal["stop_on_first", "stop_on_all", "restart"]
-Layout = Literal["members", "packed", "pre_resized", "single", "tf_example", "files", "table"]
+Layout = Literal["members", "packed", "pre_resized", "single", "tf_example", "files", "table", "rows"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -84,7 +84,8 @@ class Record(_Frozen):
     `pre_resized` (array_record `image`/`shape`/`caption`), `single` (one blob per record),
     `tf_example` (array_record of serialized tf.train.Example, as `tfds build --file_format=array_record` writes;
     shard lengths from the folder's `dataset_info.json`, class names from its `label.labels.txt`),
-    `files` (an image folder), `table` (a CSV/TSV/parquet list of image paths)."""
+    `files` (an image folder), `table` (a CSV/TSV/parquet list of image paths),
+    `rows` (a Hugging Face dataset's rows: `image` names the image column, `caption` the text column)."""
     image: str | None = "jpg"
     """Key (or member extension, or column) holding the encoded image."""
     caption: str | None = "txt"
@@ -174,7 +175,8 @@ class Entry(_Frozen):
     notes: str | None = None
     """Facts a user should know that have no field: provenance, a reading of the reference chosen."""
     format: str
-    """A key of the format registry: webdataset, array_record, image_folder, image_list, embeddings, mixture."""
+    """A key of the format registry: webdataset, array_record, image_folder, image_list, huggingface, embeddings,
+    mixture."""
     location: Location | None = None
     splits: dict[str, Location] = {}
     """Other splits by name (e.g. `validation`), each a location of its own."""

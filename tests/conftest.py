@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,9 @@ def gcs_emulator():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# Hugging Face: a cache of the run's own and never the network (read when datasets is first imported).
+os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="datacat-test-hf-"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -185,5 +185,5 @@ def test_python_chunk_index_reads_what_array_record_wrote(tmp_path: Path, option
     with pytest.raises(ValueError):  # a truncated copy: its last block is not a postscript
         riegeli.read_index(data[: len(data) // 2][-riegeli.tail_size(len(data) // 2) :], len(data) // 2)
     start, end = int(index.starts[-1]), int(index.ends[-1])
-    with pytest.raises(ValueError, match="cut short|declares"):  # a range cut short by the network
+    with pytest.raises(ValueError, match=r"cut short|declares"):  # a range cut short by the network
         riegeli.decode_chunk(data[start : end - (end - start) // 2], start)

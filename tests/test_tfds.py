@@ -52,10 +52,14 @@ def _example_class() -> Any:
     feature.oneof_decl.add(name="kind")
     for field in feature.field:
         field.oneof_index = 0
-    features = message("Features", [("feature", 1, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".tensorflow.Features.FeatureEntry")])
+    features = message(
+        "Features", [("feature", 1, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".tensorflow.Features.FeatureEntry")]
+    )
     entry = features.nested_type.add(name="FeatureEntry")
     entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".tensorflow.Feature")
+    entry.field.add(
+        name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".tensorflow.Feature"
+    )
     entry.options.map_entry = True
     message("Example", [("features", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.Features")])
     pool = descriptor_pool.DescriptorPool()
