@@ -131,6 +131,17 @@ def layout_contract(plan: Plan, entry: Entry | None = None) -> list[str]:
         lines.append(
             "Images (.jpg, .jpeg, .png, .webp) anywhere under the folder; a caption in a .txt file beside each."
         )
+    elif plan.format == "embedding_table" and plan.prior is not None:
+        prior = plan.prior
+        lines.append(
+            f"Shard N is img_emb/img_emb_N.npy, a plain (never pickled) {prior.dtype} array [rows, {prior.dim}]"
+            + (", text_emb/text_emb_N.npy of the same shape" if prior.text else "")
+            + (", and metadata/metadata_N.parquet with a caption column" if prior.captions else "")
+            + ": row-aligned, as clip-retrieval writes them. A row whose image embedding is all zeros is a bad sample."
+        )
+        if prior.validation_rows is not None:
+            lo, hi = prior.validation_rows
+            lines.append(f"Global rows [{lo:,}, {hi:,}) are the validation split; training reads every other row.")
     elif plan.format == "huggingface":
         column = record.image if record.image not in (None, "jpg") else "image"
         text = f"column {record.caption!r}" if record.caption not in (None, "txt") else "column 'caption' or 'text'"

@@ -29,7 +29,7 @@ from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
-from datacat.transforms.sample import ImageTransform
+from datacat.transforms.sample import transform_for
 
 __all__ = ["Allocate", "BatchView", "EpochView", "Fetched", "SampleSource", "collate_numpy", "finish", "selected_range"]
 
@@ -67,7 +67,7 @@ class SampleSource:
             raise OptionError(f"{plan.name}: its shards were not listed; resolve it with list_shards=True")
         self.plan = plan
         self.reader = open_reader(plan)
-        self.transform = ImageTransform(plan, tokenize=tokenize)
+        self.transform = transform_for(plan, tokenize=tokenize)
         self.ledger = Ledger.for_plan(plan, policy=on_bad_sample, budget=bad_sample_budget)
 
     def __repr__(self) -> str:
@@ -431,15 +431,20 @@ def _empty(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def collate_numpy(samples: list[dict[str, Any]], image_size: int, allocate: Allocate | None = None) -> dict[str, Any]:
-    """A batch of samples as numpy arrays (image, label, embedding) and lists (caption, key, tokens).
+    """A batch of samples as numpy arrays (image, label, embeddings) and lists (caption, key, tokens).
 
     The images are copied once, into ``allocate((n, H, W, 3))``.
     """
-    shape = samples[0]["image"].shape if samples else (image_size, image_size, 3)
-    image = (allocate or _empty)((len(samples), *shape))
-    for slot, sample in zip(image, samples, strict=True):
-        slot[...] = sample["image"]
-    batch: dict[str, Any] = {"image": image, "key": [s["key"] for s in samples]}
+    batch: dict[str, Any] = {"key": [s["key"] for s in samples]}
+    if not samples or "image" in samples[0]:  # embedding-table rows have none
+        shape = samples[0]["image"].shape if samples else (image_size, image_size, 3)
+        image = (allocate or _empty)((len(samples), *shape))
+        for slot, sample in zip(image, samples, strict=True):
+            slot[...] = sample["image"]
+        batch["image"] = image
+    for name in ("image_embedding", "text_embedding"):
+        if samples and name in samples[0]:
+            batch[name] = np.stack([s[name] for s in samples])
     if not samples or "caption" in samples[0]:  # image-only entries have none
         batch["caption"] = [s["caption"] for s in samples]
     if samples and "label" in samples[0]:

@@ -68,6 +68,13 @@ FORMATS: dict[str, FormatInfo] = {
     "embeddings": FormatInfo(
         "datacat.formats.embeddings:EmbeddingsReader", "", "stream", ("location", "embeddings"), ("members",)
     ),
+    "embedding_table": FormatInfo(
+        "datacat.formats.embedding_table:EmbeddingTableReader",
+        "Embedding tables need numpy and pyarrow: pip install 'datacat[images,parquet]'",
+        "random",
+        ("location", "prior"),
+        ("rows",),
+    ),
     "mixture": FormatInfo("datacat.mixing:MixtureSource", "", "composite", ("mixture",), ()),
 }
 

@@ -27,7 +27,7 @@ from datacat.manifest import load_manifest, manifest_key
 from datacat.redact import redact, remember
 from datacat.registry import FORMATS
 from datacat.rules import escapes_root, is_glob, shard_names
-from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Record
+from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Prior, Record
 from datacat.shards import brace_numbers
 
 __all__ = ["Plan", "PlanComponent", "Shard", "override_loading", "resolve"]
@@ -78,6 +78,7 @@ class Plan(_Frozen):
     components: tuple[PlanComponent, ...] = ()
     exhaustion: Exhaustion | None = None
     embeddings: Embeddings | None = None
+    prior: Prior | None = None
     images: Plan | None = None
     """For an embeddings entry: the plan of the image shards it aligns with."""
     storage_options: dict[str, Any] = Field(default_factory=dict, repr=False, exclude=True)
@@ -185,6 +186,8 @@ def _resolve(
         anchored = os.path.normpath(source.folder / os.path.expanduser(names_file))
         loading = loading.model_copy(update={"captions": loading.captions.model_copy(update={"class_names": anchored})})
     info = FORMATS[entry.format]
+    if entry.prior is not None and loading.val_batches:
+        loading = loading.model_copy(update={"val_batches": 0})  # split by declared rows, never by batch counts
     common: dict[str, Any] = dict(
         name=name,
         format=entry.format,
@@ -253,6 +256,7 @@ def _resolve(
         from_holdout=from_holdout,
         manifest=key,
         embeddings=entry.embeddings,
+        prior=entry.prior,
         images=images,
         storage_options=storage_options,
         storage_options_shown=_shown(location.storage_options),
@@ -335,6 +339,8 @@ def _location(name: str, entry: Entry, split: str, loading: Loading) -> tuple[Lo
         return entry.splits[split], False
     if split == "validation" and loading.val_split:
         return entry.splits[loading.val_split], False
+    if split == "validation" and entry.prior is not None and entry.prior.validation_rows is not None:
+        return entry.location, False  # the same tables; the reader keeps the declared rows
     if split == "validation" and loading.val_batches:
         return entry.location, True
     known = ", ".join(["train", *entry.splits, *(["validation (the holdout)"] if loading.val_batches else [])])

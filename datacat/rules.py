@@ -58,6 +58,12 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
             ("embeddings",),
             f"only an 'embeddings' entry has this section, this one has format {entry.format!r}",
         )
+    if entry.prior is not None and entry.format != "embedding_table":
+        yield (
+            name,
+            ("prior",),
+            f"only an 'embedding_table' entry has this section, this one has format {entry.format!r}",
+        )
     if info.layouts and entry.record.layout is not None and entry.record.layout not in info.layouts:
         yield (
             name,
@@ -81,6 +87,7 @@ _SHARDS_ARE = {
     "image_folder": 'its shards are folders of images, e.g. shards: [train] or "{00..09}" (every image under each, '
     "recursively, with a .txt caption beside it)",
     "image_list": "its shards are tables (.csv, .tsv or .parquet) with a column of image paths, e.g. shards: images.csv",
+    "embedding_table": 'its shards are file numbers, e.g. shards: "{0000..0009}" for img_emb/img_emb_0000.npy ...',
 }
 
 
@@ -90,6 +97,8 @@ def _names_a_shard_of(format_name: str, shard: str) -> bool:
         return not lower.endswith(_FILE_SUFFIXES)
     if format_name == "image_list":
         return lower.endswith(_TABLE_SUFFIXES)
+    if format_name == "embedding_table":
+        return not lower.endswith(_FILE_SUFFIXES)
     return True
 
 

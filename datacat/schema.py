@@ -26,6 +26,7 @@ __all__ = [
     "Loading",
     "Location",
     "Mixture",
+    "Prior",
     "Record",
     "ResizeMode",
     "Totals",
@@ -163,6 +164,25 @@ class Embeddings(_Frozen):
     dtype: Literal["float16", "float32", "float64"] = "float32"
 
 
+class Prior(_Frozen):
+    """Embedding tables as clip-retrieval writes them, for a diffusion prior (DALLE2-pytorch's `PriorEmbeddingDataset`).
+
+    Shard `0003` is `img_emb/img_emb_0003.npy`, `text_emb/text_emb_0003.npy` and
+    `metadata/metadata_0003.parquet` under the root, row-aligned; a record is one row.
+    """
+
+    dim: PositiveInt
+    """Embedding width, of image and text alike (768 for ViT-L/14)."""
+    dtype: Literal["float16", "float32", "float64"] = "float16"
+    text: bool = True
+    """Text-conditioned: read `text_emb` beside `img_emb` (false: the unconditioned prior, image side only)."""
+    captions: bool = True
+    """Read each row's `caption` from `metadata/metadata_NNNN.parquet`."""
+    validation_rows: tuple[NonNegativeInt, NonNegativeInt] | None = None
+    """Global rows `[start, end)` (over the shards in order) that are the validation split; training reads
+    every other row. Declared here, the split is the same for any world size."""
+
+
 class Entry(_Frozen):
     """One dataset of the catalog, keyed by its name in the YAML file."""
 
@@ -176,7 +196,7 @@ class Entry(_Frozen):
     """Facts a user should know that have no field: provenance, a reading of the reference chosen."""
     format: str
     """A key of the format registry: webdataset, array_record, image_folder, image_list, huggingface, embeddings,
-    mixture."""
+    embedding_table, mixture."""
     location: Location | None = None
     splits: dict[str, Location] = {}
     """Other splits by name (e.g. `validation`), each a location of its own."""
@@ -185,3 +205,5 @@ class Entry(_Frozen):
     loading: Loading = Loading()
     mixture: Mixture | None = None
     embeddings: Embeddings | None = None
+    prior: Prior | None = None
+    """For format `embedding_table`: the embedding tables' layout and split."""

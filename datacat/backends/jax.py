@@ -249,7 +249,7 @@ class JaxLoader(Loader):
                 if hasattr(value, "unlink_on_del"):
                     value.unlink_on_del()
         if self.device_put:
-            for key in ("image", "label", "embedding"):
+            for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
                 if key in batch:
                     batch[key] = jax.make_array_from_process_local_data(self.sharding, batch[key])  # type: ignore[no-untyped-call]
         return batch

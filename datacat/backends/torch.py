@@ -75,7 +75,7 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
             for index in indices:
                 output = batches[index]
                 batch = output["batch"]
-                for key in ("image", "label", "embedding"):
+                for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
                     if key in batch:
                         batch[key] = _as_tensor(batch[key])  # tensors cross to the main process in shared memory
                 yield output
@@ -249,7 +249,7 @@ class TorchLoader(Loader):
         self._workers = None
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if self.image_layout == "chw_float":
+        if self.image_layout == "chw_float" and "image" in batch:
             batch["image"] = batch["image"].permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
         return batch
 

@@ -19,7 +19,7 @@ from datacat.transforms.captions import Tokenize, caption_from_label, class_name
 from datacat.transforms.decode import decode_image
 from datacat.transforms.resize import resize_image
 
-__all__ = ["ImageTransform"]
+__all__ = ["EmbeddingRowTransform", "ImageTransform", "transform_for"]
 
 
 class ImageTransform:
@@ -86,3 +86,36 @@ class ImageTransform:
         if self.tokenize is not None and caption is not None:
             sample["tokens"] = self.tokenize(caption)
         return sample
+
+
+class EmbeddingRowTransform:
+    """One embedding-table row as a sample: ``image_embedding``, ``text_embedding``, ``caption``, ``key``; no image.
+
+    Nothing is drawn: a prior's rows are used as they are.
+    """
+
+    def __init__(self, plan: Plan, *, tokenize: Tokenize | None = None) -> None:
+        self.name = plan.name
+        self.captions = plan.prior is not None and plan.prior.captions
+        self.tokenize = tokenize
+
+    def __repr__(self) -> str:
+        return f"EmbeddingRowTransform({self.name!r})"
+
+    def __call__(self, record: Mapping[str, Any], *, epoch: int = 0) -> dict[str, Any]:
+        """The sample of one row."""
+        sample: dict[str, Any] = {"key": str(record["__key__"]), "image_embedding": record["image_embedding"]}
+        if record.get("text_embedding") is not None:
+            sample["text_embedding"] = record["text_embedding"]
+        if self.captions:
+            sample["caption"] = str(record.get("caption") or "")
+            if self.tokenize is not None:
+                sample["tokens"] = self.tokenize(sample["caption"])
+        return sample
+
+
+def transform_for(plan: Plan, *, tokenize: Tokenize | None = None) -> ImageTransform | EmbeddingRowTransform:
+    """The transform of ``plan``'s records: images, or the rows of embedding tables."""
+    if plan.format == "embedding_table":
+        return EmbeddingRowTransform(plan, tokenize=tokenize)
+    return ImageTransform(plan, tokenize=tokenize)

@@ -1,0 +1,245 @@
+"""Embedding tables for a diffusion prior: row-aligned ``.npy`` and parquet files, as clip-retrieval writes them.
+
+Shard ``0003`` is three files under the root: ``img_emb/img_emb_0003.npy``,
+``text_emb/text_emb_0003.npy`` (for a text-conditioned prior) and
+``metadata/metadata_0003.parquet`` (its ``caption`` column). A record is one
+row: ``image_embedding``, ``text_embedding`` and ``caption`` as the entry's
+``prior`` section asks. Rows are read by exact byte range (``.npy`` rows
+are fixed-size after the header), a batch's rows at once, locally by
+``pread`` and remotely through fsspec, so the Feistel shuffle and every
+guarantee of the random-access formats apply.
+
+At open each shard's files are checked against each other and the entry:
+the ``.npy`` headers (never unpickled: an object array is refused) say
+rows, width and dtype; the parquet footer says rows. An all-zero image
+embedding (a row clip-retrieval could not embed) is a bad sample for the
+ledger. The split is by global rows declared in the entry
+(``prior.validation_rows``), so it does not move when the world size does.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import concurrent.futures
+import io
+import itertools
+import posixpath
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from datacat.errors import ShardError
+from datacat.formats import RawItem, only_item
+from datacat.formats.storage import object_size, open_url, read_ranges
+from datacat.resolve import Plan
+
+__all__ = ["EmbeddingTableReader", "npy_header"]
+
+_HEAD = 4096
+"""Bytes read for a ``.npy`` header: enough for any header numpy writes for a 2-d array."""
+
+
+def npy_header(head: bytes, url: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """(shape, dtype, data offset) of a ``.npy`` file from its first bytes; refuses pickled (object) arrays."""
+    if head[:6] != b"\x93NUMPY":
+        raise ShardError(f"{url} is not a .npy file (no NUMPY magic); re-write it with numpy.save", url=url)
+    major = head[6]
+    if major == 1:
+        (length,), start = struct.unpack("<H", head[8:10]), 10
+    else:
+        (length,), start = struct.unpack("<I", head[8:12]), 12
+    try:
+        header = ast.literal_eval(head[start : start + length].decode("latin1"))  # a literal dict, never code
+        dtype = np.dtype(header["descr"])
+        shape = tuple(int(n) for n in header["shape"])
+        fortran = bool(header["fortran_order"])
+    except (ValueError, SyntaxError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{url} has a damaged .npy header ({exc}); re-write it", url=url) from None
+    if dtype.hasobject:
+        raise ShardError(
+            f"{url} holds Python objects (a pickled .npy); datacat never unpickles: save plain float arrays",
+            url=url,
+        )
+    if fortran and len(shape) > 1 and shape[0] > 1:
+        raise ShardError(f"{url} is Fortran-ordered; rows are not contiguous. Save it C-ordered", url=url)
+    return shape, dtype, start + length
+
+
+class EmbeddingTableReader:
+    """Rows of an entry's embedding tables by index: this split's rows only, shards in order."""
+
+    random_access = True
+
+    def __init__(self, plan: Plan) -> None:
+        if plan.prior is None:
+            raise ShardError(f"{plan.name}: an embedding_table entry needs its prior section")
+        self.name, self.prior = plan.name, plan.prior
+        self.storage_options = dict(plan.storage_options)
+        self.shards = tuple(s.name for s in plan.shards)
+        root = plan.root.rstrip("/")
+        self.images = tuple(posixpath.join(root, "img_emb", f"img_emb_{n}.npy") for n in self.shards)
+        self.texts = tuple(posixpath.join(root, "text_emb", f"text_emb_{n}.npy") for n in self.shards)
+        self.metadata = tuple(posixpath.join(root, "metadata", f"metadata_{n}.parquet") for n in self.shards)
+        self.dtype = np.dtype(self.prior.dtype)
+        self.row_bytes = self.prior.dim * self.dtype.itemsize
+        with concurrent.futures.ThreadPoolExecutor(min(16, max(1, len(self.shards)))) as pool:
+            opened = list(pool.map(self._open_shard, range(len(self.shards))))
+        self.rows = tuple(n for n, _, _ in opened)
+        self.image_offsets = tuple(o for _, o, _ in opened)
+        self.text_offsets = tuple(t for _, _, t in opened)
+        for shard, declared, rows in zip(plan.shards, (s.samples for s in plan.shards), self.rows, strict=True):
+            if declared is not None and declared != rows:
+                raise ShardError(
+                    f"{self.images[self.shards.index(shard.name)]} has {rows} rows, the catalog declares {declared}",
+                    url=shard.url,
+                )
+        self.starts = tuple(itertools.accumulate(self.rows, initial=0))
+        total = self.starts[-1]
+        held = self.prior.validation_rows
+        if held is not None and not 0 <= held[0] <= held[1] <= total:
+            raise ShardError(f"{plan.name}: prior.validation_rows {list(held)} is outside the {total} rows there are")
+        lo, hi = held if held is not None else (0, 0)
+        # This split's rows as (first global row, length) segments.
+        if plan.split == "validation" and held is not None:
+            self.segments: tuple[tuple[int, int], ...] = ((lo, hi - lo),)
+        else:
+            self.segments = tuple((a, b - a) for a, b in ((0, lo), (hi, total)) if b > a)
+        self.segment_starts = tuple(itertools.accumulate((n for _, n in self.segments), initial=0))
+        self._captions: dict[int, list[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"EmbeddingTableReader({self.name!r}, shards={len(self.shards)}, rows={len(self)})"
+
+    def __len__(self) -> int:
+        return self.segment_starts[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_captions": {}}
+
+    def _open_shard(self, i: int) -> tuple[int, int, int]:
+        # Rows, and the data offsets of the image and text arrays, after checking the three files agree.
+        urls = [self.images[i]] + ([self.texts[i]] if self.prior.text else [])
+        found = []
+        for url in urls:
+            try:
+                size = object_size(url, self.storage_options)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    2, f"{url} not found: shard {self.shards[i]} needs img_emb, text_emb and metadata files", url
+                ) from None
+            (head,) = read_ranges([(url, 0, min(size, _HEAD))], self.storage_options)
+            if isinstance(head, Exception):
+                raise head
+            shape, dtype, offset = npy_header(head, url)
+            if len(shape) == 2 and size != offset + shape[0] * shape[1] * dtype.itemsize:
+                raise ShardError(
+                    f"{url} is {size} bytes, its header promises {list(shape)} {dtype}: truncated? Re-copy it", url=url
+                )
+            if len(shape) != 2 or shape[1] != self.prior.dim or dtype != self.dtype:
+                raise ShardError(
+                    f"{url} holds {dtype} {list(shape)}, the entry declares {self.prior.dtype} [rows, {self.prior.dim}]",
+                    url=url,
+                )
+            found.append((shape[0], offset))
+        rows = found[0][0]
+        if self.prior.text and found[1][0] != rows:
+            raise ShardError(
+                f"{self.texts[i]} has {found[1][0]} rows, {self.images[i]} has {rows}: the tables are not aligned",
+                url=self.texts[i],
+            )
+        if self.prior.captions:
+            meta_rows = self._metadata_rows(i)
+            if meta_rows != rows:
+                raise ShardError(
+                    f"{self.metadata[i]} has {meta_rows} rows, {self.images[i]} has {rows}: the tables are not aligned",
+                    url=self.metadata[i],
+                )
+        return rows, found[0][1], found[1][1] if self.prior.text else 0
+
+    def _metadata_rows(self, i: int) -> int:
+        import pyarrow.parquet as pq  # the parquet extra
+
+        try:
+            with open_url(self.metadata[i], self.storage_options) as f:
+                parquet = pq.ParquetFile(f)
+                if "caption" not in parquet.schema_arrow.names:
+                    raise ShardError(f"{self.metadata[i]} has no caption column", url=self.metadata[i])
+                return int(parquet.metadata.num_rows)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                2, f"{self.metadata[i]} not found (set prior.captions: false if there is none)", self.metadata[i]
+            ) from None
+
+    def _caption_column(self, i: int) -> list[str]:
+        captions = self._captions.get(i)
+        if captions is None:
+            import pyarrow.parquet as pq
+
+            with open_url(self.metadata[i], self.storage_options) as f:
+                column = pq.read_table(io.BytesIO(f.read()), columns=["caption"]).column("caption")
+            captions = [c if c is not None else "" for c in column.to_pylist()]
+            if len(self._captions) >= 4:  # a few shards' captions per process, not the dataset's
+                self._captions.pop(next(iter(self._captions)))
+            self._captions[i] = captions
+        return captions
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard, row in shard) of this split's record ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} is outside 0..{len(self) - 1} of {self.name}")
+        segment = bisect.bisect_right(self.segment_starts, index) - 1
+        row = self.segments[segment][0] + index - self.segment_starts[segment]
+        shard = bisect.bisect_right(self.starts, row) - 1
+        return shard, row - self.starts[shard]
+
+    def items(self, indices: Sequence[int]) -> list[RawItem | Exception]:
+        """The rows at ``indices``, their byte ranges fetched at once."""
+        where = [self.locate(i) for i in indices]
+        requests = [
+            (
+                self.images[s],
+                self.image_offsets[s] + r * self.row_bytes,
+                self.image_offsets[s] + (r + 1) * self.row_bytes,
+            )
+            for s, r in where
+        ]
+        if self.prior.text:
+            requests += [
+                (
+                    self.texts[s],
+                    self.text_offsets[s] + r * self.row_bytes,
+                    self.text_offsets[s] + (r + 1) * self.row_bytes,
+                )
+                for s, r in where
+            ]
+        data = read_ranges(requests, self.storage_options)
+        out: list[RawItem | Exception] = []
+        for k, (index, (shard, row)) in enumerate(zip(indices, where, strict=True)):
+            image = data[k]
+            text = data[len(where) + k] if self.prior.text else None
+            failed = next((d for d in (image, text) if isinstance(d, Exception)), None)
+            if failed is not None:
+                out.append(failed)
+                continue
+            caption = self._caption_column(shard)[row] if self.prior.captions else None
+            out.append(RawItem(f"{self.shards[shard]}:{row}", self.images[shard], index, (image, text, caption)))
+        return out
+
+    def item(self, index: int) -> RawItem:
+        """The row at ``index``."""
+        return only_item(self.items([index]))
+
+    def parse(self, item: RawItem) -> dict[str, Any]:
+        """The record of one row: its embeddings as float32 and its caption; an all-zero image row is refused."""
+        image, text, caption = item.payload
+        out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
+        out["image_embedding"] = np.frombuffer(image, dtype=self.dtype).astype(np.float32)
+        if not out["image_embedding"].any():
+            raise ValueError("its image embedding is all zeros (a row the embedding job could not compute)")
+        if text is not None:
+            out["text_embedding"] = np.frombuffer(text, dtype=self.dtype).astype(np.float32)
+        out["caption"] = caption
+        return out
