@@ -416,7 +416,7 @@ def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None
     from datacat.pipeline import SampleSource
 
     plan = resolve(name, catalog=_catalog(ctx), root=root, val_batches=0, count=None)
-    if plan.format in ("mixture", "image_folder", "image_list", "huggingface"):
+    if plan.format in ("mixture", "image_folder", "image_list"):
         raise OptionError(f"{plan.name} is {plan.format}: its records are counted when it is opened, not per shard")
     source = SampleSource(plan)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:

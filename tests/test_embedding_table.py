@@ -122,3 +122,14 @@ def test_misaligned_or_pickled_tables_are_refused_naming_the_file(tmp_path: Path
     with pytest.raises(datacat.ShardError, match=r"img_emb_0002\.npy holds float16 \[17, 9\], the entry declares"):
         datacat.open("prior", framework="torch", batch_size=4, catalog=catalog)
     assert json.loads(json.dumps(datacat.describe("prior", catalog=catalog)["declared"])) == {}
+
+
+def test_datacat_count_prints_each_shards_rows(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from datacat.cli import main
+
+    _tables(tmp_path)
+    done = CliRunner().invoke(main, ["count", "prior"], env={"DATACAT_CATALOG": str(_catalog(tmp_path))})
+    assert done.exit_code == 0, done.output
+    assert "per_shard: {0000: 30, 0001: 25, 0002: 17}" in done.output and "samples: 72" in done.output

@@ -90,3 +90,15 @@ def test_hub_ids_name_repo_revision_and_config() -> None:
     assert hub_id("/data/local") is None
     with pytest.raises(ValueError, match="names no dataset"):
         hub_id("hf://datasets/owner")
+
+
+def test_datacat_count_prints_each_splits_rows(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from datacat.cli import main
+
+    _dataset(tmp_path / "set")
+    _catalog(tmp_path, "set")
+    done = CliRunner().invoke(main, ["count", "hfset"], env={"DATACAT_CATALOG": str(tmp_path / "hf.yaml")})
+    assert done.exit_code == 0, done.output
+    assert f"per_shard: {{train: {ROWS}}}" in done.output

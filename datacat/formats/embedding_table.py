@@ -88,6 +88,7 @@ class EmbeddingTableReader:
         with concurrent.futures.ThreadPoolExecutor(min(16, max(1, len(self.shards)))) as pool:
             opened = list(pool.map(self._open_shard, range(len(self.shards))))
         self.rows = tuple(n for n, _, _ in opened)
+        self.counts = self.rows  # rows per shard, both splits: what `datacat count` prints
         self.image_offsets = tuple(o for _, o, _ in opened)
         self.text_offsets = tuple(t for _, _, t in opened)
         for shard, declared, rows in zip(plan.shards, (s.samples for s in plan.shards), self.rows, strict=True):

@@ -66,7 +66,8 @@ class HuggingFaceReader:
                     "correct totals.per_shard (or pin the revision the counts were taken from)",
                     url=shard.url,
                 )
-        self.offsets = tuple(itertools.accumulate((len(p) for p in self.parts), initial=0))
+        self.counts = tuple(len(p) for p in self.parts)  # rows per split: what `datacat count` prints
+        self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
 
     def __repr__(self) -> str:
         return f"HuggingFaceReader({self.name!r}, splits={list(self.splits)}, rows={len(self)})"
