@@ -17,10 +17,11 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Manifest", "ShardFacts", "cache_dir", "load_manifest", "manifest_key", "save_manifest"]
+__all__ = ["Manifest", "ShardFacts", "cache_dir", "load_manifest", "manifest_key", "save_index", "save_manifest"]
 
 VERSION = 1
 
@@ -102,3 +103,22 @@ def save_manifest(manifest: Manifest) -> Path:
         json.dump(manifest.to_json(), f)
     os.replace(tmp, path)
     return path
+
+
+def save_index(kind: str, array: Any, url: str) -> str:
+    """Writes a shard's index (a numpy array) under the cache's ``kind`` folder, once; returns its file name.
+
+    The name is a hash of the index and the shard's URL, so concurrent
+    writers of the same index write the same file (atomically, by rename).
+    """
+    import numpy as np  # only the readers that index shards have numpy
+
+    digest = hashlib.sha256(array.tobytes() + url.encode()).hexdigest()[:24]
+    folder = cache_dir() / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{digest}.npy"
+    if not path.is_file():
+        tmp = folder / f".tmp-{digest}-{os.getpid()}-{threading.get_ident()}.npy"
+        np.save(tmp, array)
+        os.replace(tmp, path)
+    return path.name

@@ -19,14 +19,12 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,7 @@ from datacat.formats.packed import unpack_pre_resized, unpack_record
 from datacat.formats.storage import is_remote, object_size, read_bytes, read_ranges, with_retries
 from datacat.formats.tf_example import parse_example, shard_lengths
 from datacat.limits import connect_timeout
-from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
+from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
 from datacat.resolve import Plan
 
 log = logging.getLogger(__name__)
@@ -210,16 +208,8 @@ def index_shard(url: str, name: str, storage_options: dict[str, Any], *, size: i
             "Re-copy it, or add it to the entry's missing list.",
             url=url,
         ) from None
-    array = index.to_array()
-    digest = hashlib.sha256(array.tobytes() + url.encode()).hexdigest()[:24]
-    folder = _index_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.npy"
-    if not path.is_file():
-        tmp = folder / f".tmp-{digest}-{os.getpid()}-{threading.get_ident()}.npy"
-        np.save(tmp, array)
-        os.replace(tmp, path)
-    return ShardFacts(name, len(index), url=url, bytes=size, index=path.name)
+    index_file = save_index("ar-index", index.to_array(), url)
+    return ShardFacts(name, len(index), url=url, bytes=size, index=index_file)
 
 
 def check_reachable(url: str, storage_options: dict[str, Any]) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from datacat.formats.wire import fields, varint
+
 __all__ = ["BLOCK", "ChunkIndex", "Unsupported", "decode_chunk", "read_index", "tail_size"]
 
 BLOCK = 1 << 16
@@ -82,8 +84,8 @@ def read_index(tail: bytes, size: int, more: bytes = b"") -> ChunkIndex:
     if size < BLOCK or len(tail) < BLOCK:
         raise ValueError(f"{size} bytes is shorter than an ArrayRecord file (a 64 KiB postscript block at least)")
     postscripts = decode_chunk(tail[-BLOCK:], size - BLOCK)  # the writer repeats it; the reader takes the first
-    fields = _proto_varints(postscripts[0]) if postscripts else {}
-    footer, magic = fields.get(1), fields.get(2)
+    postscript = _proto_varints(postscripts[0]) if postscripts else {}
+    footer, magic = postscript.get(1), postscript.get(2)
     if footer is None or magic != _MAGIC:
         raise ValueError("no ArrayRecord postscript in the last block (not an ArrayRecord file, or truncated)")
     have = size - len(tail) - len(more)
@@ -129,12 +131,12 @@ def decode_chunk(data: bytes, start: int) -> list[bytes]:
     if chunk_type != b"r":
         raise Unsupported(f"chunk type {chunk_type!r} at {start} (transposed or metadata): not decoded here")
     compression = payload[0]
-    sizes_length, at = _varint(payload, 1)
+    sizes_length, at = varint(payload, 1)
     sizes = _decompress(compression, payload[at : at + sizes_length])
     values = _decompress(compression, payload[at + sizes_length :])
     lengths, pos = [], 0
     for _ in range(num_records):
-        length, pos = _varint(sizes, pos)
+        length, pos = varint(sizes, pos)
         lengths.append(length)
     if pos != len(sizes) or sum(lengths) != decoded_size or len(values) != decoded_size:
         raise ValueError(f"the chunk at {start} does not add up: its record sizes disagree with its data")
@@ -164,7 +166,7 @@ def _without_block_headers(data: bytes, start: int) -> bytes:
 def _decompress(compression: int, block: bytes) -> bytes:
     if compression == 0:
         return block
-    size, at = _varint(block, 0)
+    size, at = varint(block, 0)
     if compression == ord("z"):
         import zstandard
 
@@ -175,37 +177,6 @@ def _decompress(compression: int, block: bytes) -> bytes:
     raise Unsupported(f"compression {chr(compression)!r} is not decoded here")
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("a varint runs past its buffer")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _proto_varints(message: bytes) -> dict[int, Any]:
-    """The varint fields of a protobuf message by field number (a message field's value: its bytes)."""
-    fields: dict[int, Any] = {}
-    pos = 0
-    while pos < len(message):
-        tag, pos = _varint(message, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            fields[number], pos = _varint(message, pos)
-        elif wire == 2:
-            length, pos = _varint(message, pos)
-            fields[number], pos = message[pos : pos + length], pos + length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"protobuf wire type {wire} in an ArrayRecord footer")
-    if pos != len(message):
-        raise ValueError("a protobuf message in the footer runs past its end")
-    return fields
+    """The fields of a protobuf message by field number (the last of a repeated one)."""
+    return dict(fields(message))

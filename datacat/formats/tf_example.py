@@ -23,6 +23,8 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from datacat.formats.wire import fields, varint
+
 __all__ = ["parse_example", "shard_lengths"]
 
 Feature = list[bytes] | list[int] | list[float]
@@ -31,14 +33,14 @@ Feature = list[bytes] | list[int] | list[float]
 def parse_example(data: bytes) -> dict[str, Feature]:
     """The features of one serialized ``tf.train.Example``, by name: a list of bytes, ints or floats each."""
     features: dict[str, Feature] = {}
-    for number, value in _fields(data):
+    for number, value in fields(data):
         if number != 1 or not isinstance(value, bytes):  # Example.features
             continue
-        for entry_number, entry in _fields(value):
+        for entry_number, entry in fields(value):
             if entry_number != 1 or not isinstance(entry, bytes):  # Features.feature (a map entry)
                 continue
             name, feature = b"", b""
-            for field, part in _fields(entry):
+            for field, part in fields(entry):
                 if field == 1 and isinstance(part, bytes):
                     name = part
                 elif field == 2 and isinstance(part, bytes):
@@ -48,10 +50,10 @@ def parse_example(data: bytes) -> dict[str, Feature]:
 
 
 def _feature(data: bytes) -> Feature:
-    for kind, values in _fields(data):
+    for kind, values in fields(data):
         if not isinstance(values, bytes):
             raise ValueError("a tf.train.Feature holds no list")
-        items = [v for n, v in _fields(values) if n == 1]
+        items = [v for n, v in fields(values) if n == 1]
         if kind == 1:  # BytesList
             return [v for v in items if isinstance(v, bytes)]
         if kind == 3:  # Int64List: packed (one bytes item) or not (ints)
@@ -78,47 +80,8 @@ def _signed(value: int) -> int:
 def _packed_varints(data: bytes) -> list[int]:
     out, pos = [], 0
     while pos < len(data):
-        value, pos = _varint(data, pos)
+        value, pos = varint(data, pos)
         out.append(_signed(value))
-    return out
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("a tf.train.Example varint runs past its end")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(message: bytes) -> list[tuple[int, bytes | int]]:
-    """(field number, value) of each field: bytes for length-delimited, an int for varint and fixed32."""
-    out: list[tuple[int, bytes | int]] = []
-    pos = 0
-    while pos < len(message):
-        tag, pos = _varint(message, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _varint(message, pos)
-            out.append((number, value))
-        elif wire == 2:
-            length, pos = _varint(message, pos)
-            if pos + length > len(message):
-                raise ValueError("a tf.train.Example field runs past its end (a truncated record?)")
-            out.append((number, message[pos : pos + length]))
-            pos += length
-        elif wire == 5:
-            out.append((number, int.from_bytes(message[pos : pos + 4], "little")))
-            pos += 4
-        elif wire == 1:
-            pos += 8
-        else:
-            raise ValueError(f"protobuf wire type {wire}: not a tf.train.Example")
     return out
 
 

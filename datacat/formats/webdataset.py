@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import gzip
-import hashlib
 import io
 import itertools
 import json
@@ -20,7 +19,6 @@ import logging
 import os
 import re
 import tarfile
-import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -31,7 +29,7 @@ import numpy as np
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, only_item, record_caption
 from datacat.formats.storage import is_remote, open_url, read_ranges
-from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
+from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
 from datacat.resolve import Plan
 
 __all__ = [
@@ -393,15 +391,8 @@ class WebDatasetReader:
         if compressed:
             records = sum(1 for _ in self.iter_shard(i))
             return ShardFacts(self.names[i], records, url=url, bytes=size, compressed=True)
-        digest = hashlib.sha256(spans.tobytes() + url.encode()).hexdigest()[:24]
-        folder = _index_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{digest}.npy"
-        if not path.is_file():
-            tmp = folder / f".tmp-{digest}-{os.getpid()}-{threading.get_ident()}.npy"
-            np.save(tmp, spans)
-            os.replace(tmp, path)
-        return ShardFacts(self.names[i], len(spans), url=url, bytes=size, index=path.name)
+        index_file = save_index("tar-index", spans, url)
+        return ShardFacts(self.names[i], len(spans), url=url, bytes=size, index=index_file)
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, position in shard) of global sample ``index``."""
