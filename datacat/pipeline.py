@@ -24,7 +24,7 @@ import numpy as np
 from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
 from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import RawItem, open_reader
-from datacat.formats.storage import retry_count
+from datacat.formats.storage import is_remote, retry_count
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
@@ -420,6 +420,13 @@ class BatchView:
             retries = 0
         collated = collate_numpy(samples, self.image_size, self.allocate)
         return {"batch": collated, "marks": marks, "retries": retries}
+
+
+def _reads_remote(view: Any) -> bool:
+    # An EpochView's plan, or any of a mixture's components'.
+    source = getattr(view, "source", None)
+    sources = [source] if isinstance(source, SampleSource) else list(getattr(source, "components", ()))
+    return any(is_remote(shard.url) for s in sources for shard in s.plan.shards[:1])
 
 
 Allocate = Callable[[tuple[int, ...]], np.ndarray]
