@@ -82,6 +82,24 @@ def test_a_hub_dataset_not_in_the_cache_offline_says_what_to_run(tmp_path: Path)
     assert "datasets.load_dataset('datacat-test/never-downloaded', split='train', revision='v1')" in message
 
 
+def test_a_column_of_several_captions_gives_the_first(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="needs datasets (the [hf] extra)")
+    datasets.disable_progress_bars()
+    features = datasets.Features({"image": datasets.Image(), "caption": datasets.Sequence(datasets.Value("string"))})
+    table = datasets.Dataset.from_dict(
+        {
+            "image": [{"bytes": jpeg(i), "path": None} for i in range(3)],
+            "caption": [[f"first {i}", "second"] for i in range(3)],
+        },
+        features=features,
+    )
+    (tmp_path / "set" / "data").mkdir(parents=True)
+    table.to_parquet(str(tmp_path / "set" / "data" / "train-00000-of-00001.parquet"))
+    catalog = _catalog(tmp_path, "set")
+    batch = next(iter(datacat.open("hfset", framework="torch", batch_size=3, catalog=catalog, shuffle=False)))
+    assert sorted(batch["caption"]) == ["first 0", "first 1", "first 2"]
+
+
 def test_hub_ids_name_repo_revision_and_config() -> None:
     from datacat.formats.huggingface import hub_id
 

@@ -110,7 +110,12 @@ class HuggingFaceReader:
         else:
             out["image"] = image
         keys = (record.caption,) if record.caption not in (None, "txt") else ("caption", "text")
-        out["caption"] = record_caption(row, keys) if record.caption is not None else None
+        if record.caption is not None:
+            # Several captions per image (flickr30k's five): the first, as the dataset lists them.
+            row = {k: (v[0] if v else None) if isinstance(v, list) else v for k, v in row.items() if k in keys}
+            out["caption"] = record_caption(row, keys)
+        else:
+            out["caption"] = None
         if record.label and row.get(record.label) is not None:
             out["label"] = int(row[record.label])
         if record.key and row.get(record.key) is not None:
