@@ -393,7 +393,9 @@ def load(
     out.print(loader.ledger.summary(), markup=False)
     for bad in loader.ledger.skipped[:20]:
         out.print(f"  skipped: {bad}", markup=False)
-    if grid:
+    if grid and "image" not in first:
+        out.print(f"no contact sheet: {loader.plan.name}'s batches have no images", markup=False)
+    elif grid:
         import numpy as np  # the image extras are installed if a batch was loaded
 
         from datacat.grid import contact_sheet

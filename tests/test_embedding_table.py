@@ -133,3 +133,17 @@ def test_datacat_count_prints_each_shards_rows(tmp_path: Path) -> None:
     done = CliRunner().invoke(main, ["count", "prior"], env={"DATACAT_CATALOG": str(_catalog(tmp_path))})
     assert done.exit_code == 0, done.output
     assert "per_shard: {0000: 30, 0001: 25, 0002: 17}" in done.output and "samples: 72" in done.output
+
+
+def test_datacat_load_reports_a_priors_batches(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from datacat.cli import main
+
+    _tables(tmp_path)
+    env = {"DATACAT_CATALOG": str(_catalog(tmp_path))}
+    done = CliRunner().invoke(
+        main, ["load", "prior", "--framework", "torch", "--workers", "0", "--grid", str(tmp_path / "g.png")], env=env
+    )
+    assert done.exit_code == 0, done.output
+    assert "image_embedding" in done.output and "no contact sheet" in done.output
