@@ -319,11 +319,11 @@ class BatchView:
     "marks": [...]}``: the good samples in order, collated to numpy arrays,
     and the markers of bad ones or errors, for the main process's ledger.
     While a batch decodes, the next ``read_ahead`` batches this process
-    will ask for (the stride of its last two requests) are fetched, each in
-    a thread of its own, so storage latency hides behind the CPU work (two
-    batches in two threads: one thread held a worker to ~0.7 of its rate at
-    80 ms a request; three batches cost more CPU than they saved). Never raises for
-    data: errors travel as markers.
+    will ask for (the stride of its last two requests) are fetched in a
+    thread, one per batch for remote shards, so storage latency hides
+    behind the CPU work (two batches in two threads: one thread held a
+    worker to ~0.7 of its rate at 80 ms a request; three batches cost more
+    CPU than they saved). Never raises for data: errors travel as markers.
     """
 
     def __init__(
@@ -384,11 +384,8 @@ class BatchView:
         if not self.read_ahead:
             return
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
-            self._pool, self._pid, self._pending = (
-                concurrent.futures.ThreadPoolExecutor(self.read_ahead),
-                os.getpid(),
-                {},
-            )
+            threads = self.read_ahead if _reads_remote(self.view) else 1  # a local read takes microseconds
+            self._pool, self._pid, self._pending = concurrent.futures.ThreadPoolExecutor(threads), os.getpid(), {}
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)
             later = list(self._upcoming[at : at + self.read_ahead])
@@ -423,10 +420,10 @@ class BatchView:
 
 
 def _reads_remote(view: Any) -> bool:
-    # An EpochView's plan, or any of a mixture's components'.
+    """Whether a view's records come from remote storage (an EpochView's source, or any of a mixture's)."""
     source = getattr(view, "source", None)
-    sources = [source] if isinstance(source, SampleSource) else list(getattr(source, "components", ()))
-    return any(is_remote(shard.url) for s in sources for shard in s.plan.shards[:1])
+    sources = getattr(source, "components", None) or [source]
+    return any(is_remote(shard.url) for s in sources for shard in getattr(getattr(s, "plan", None), "shards", ())[:1])
 
 
 Allocate = Callable[[tuple[int, ...]], np.ndarray]

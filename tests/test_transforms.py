@@ -71,3 +71,21 @@ def test_captions() -> None:
     assert "tulip" in caption and caption in {t.format("tulip") for t in PROMPT_TEMPLATES}
     with pytest.raises(ValueError, match="outside the 2 class names"):
         caption_from_label(2, ("rose", "tulip"), PROMPT_TEMPLATES, record_rng(0, 5))
+
+
+def test_read_ahead_threads_are_for_remote_shards_only() -> None:
+    from types import SimpleNamespace
+
+    import datacat
+    from datacat.pipeline import SampleSource, _reads_remote
+
+    def view(*urls: str) -> SimpleNamespace:
+        plans = [SimpleNamespace(plan=SimpleNamespace(shards=(SimpleNamespace(url=u),))) for u in urls]
+        source = plans[0] if len(plans) == 1 else SimpleNamespace(components=plans)
+        return SimpleNamespace(source=source)
+
+    assert not _reads_remote(view("/data/0000.tar"))
+    assert _reads_remote(view("gs://bucket/0000.tar"))
+    assert _reads_remote(view("/data/a.tar", "gs://bucket/b.array_record"))  # a mixture with a remote component
+    source = SampleSource(datacat.resolve("sample-arrayrecord"))
+    assert not _reads_remote(SimpleNamespace(source=source))
