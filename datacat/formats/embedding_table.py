@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import bisect
 import concurrent.futures
-import io
 import itertools
 import posixpath
 import struct
@@ -179,8 +178,8 @@ class EmbeddingTableReader:
         if captions is None:
             import pyarrow.parquet as pq
 
-            with open_url(self.metadata[i], self.storage_options) as f:
-                column = pq.read_table(io.BytesIO(f.read()), columns=["caption"]).column("caption")
+            with open_url(self.metadata[i], self.storage_options) as f:  # seekable: only the caption column is read
+                column = pq.ParquetFile(f).read(columns=["caption"]).column("caption")
             captions = [c if c is not None else "" for c in column.to_pylist()]
             if len(self._captions) >= 4:  # a few shards' captions per process, not the dataset's
                 self._captions.pop(next(iter(self._captions)))
