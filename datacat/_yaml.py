@@ -101,40 +101,41 @@ def _build(
 
     Each node is walked once (an alias is the same node object again, and
     gets the same value), so this costs the document as written, not its
-    expansion; ``sizes`` then tells what the expansion would be.
+    expansion; ``sizes`` then tells what the expansion would be. Plain
+    sequences and mappings of plain keys are built here; merge keys, complex
+    keys and explicit tags are walked for their lines, then built by PyYAML.
     """
     lines.setdefault(path, node.start_mark.line + 1)
     if id(node) in sizes:  # an alias: its keys were indexed where the anchor is
-        return built[id(node)]
+        return built.get(id(node))
     sizes[id(node)] = _ENDLESS  # a node inside itself (a recursive alias) expands without end
-    total = 1
+    total, plain = 1, node.tag in (_MAP, _SEQ) and (not isinstance(node, yaml.MappingNode) or _plain_keys(node))
+    value: Any = None
     if isinstance(node, yaml.ScalarNode):
         value = _scalar(node, loader)
-    elif isinstance(node, yaml.SequenceNode) and node.tag == _SEQ:
+    elif isinstance(node, yaml.SequenceNode):
         value = built[id(node)] = []
         for i, item in enumerate(node.value):
             value.append(_build(item, (*path, i), lines, problems, file, sizes, built, loader))
             total += sizes[id(item)]
-    elif isinstance(node, yaml.MappingNode) and node.tag == _MAP and _plain_keys(node):
+    elif isinstance(node, yaml.MappingNode):
         value = built[id(node)] = {}
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            key = _scalar(key_node, loader)
+            key = str(key_node.value)
             line = key_node.start_mark.line + 1
-            if str(key) in seen:
+            if key in seen:
                 dotted = ".".join(str(p) for p in (*path, key))
-                problems.append(
-                    Problem(file, line, dotted, f"duplicate key (first at line {seen[str(key)]}); keep one")
-                )
+                problems.append(Problem(file, line, dotted, f"duplicate key (first at line {seen[key]}); keep one"))
                 continue
-            seen[str(key)] = line
-            lines[(*path, str(key))] = line
-            value[key] = _build(value_node, (*path, str(key)), lines, problems, file, sizes, built, loader)
+            seen[key] = line
+            lines[(*path, key)] = line
+            item = _build(value_node, (*path, key), lines, problems, file, sizes, built, loader)
+            if plain:
+                value[_scalar(key_node, loader)] = item
             total += sizes[id(value_node)]
-    else:  # merge keys, complex keys, explicit tags: indexed here, built by PyYAML once the size is known good
-        del sizes[id(node)]
-        total = _index_node(node, path, lines, problems, file, sizes)
-        value = loader.construct_object(node, deep=True) if total <= MAX_ALIASED else None
+    if not plain and not isinstance(node, yaml.ScalarNode):
+        value = loader.construct_object(node, deep=True)  # expands nothing: PyYAML shares aliased values too
     built[id(node)] = value
     sizes[id(node)] = min(total, _ENDLESS)
     return value
@@ -150,36 +151,3 @@ def _scalar(node: yaml.Node, loader: Any) -> Any:
 
 def _plain_keys(node: yaml.MappingNode) -> bool:
     return all(isinstance(k, yaml.ScalarNode) and k.tag in (_STR, _INT) for k, _ in node.value)
-
-
-def _index_node(
-    node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], problems: list[Problem], file: str, sizes: dict[int, int]
-) -> int:
-    """Records the line of each key path under ``node`` and returns how many values it expands to.
-
-    Each node is walked once (an alias is the same node object again), so
-    this costs the document as written, not its expansion.
-    """
-    lines.setdefault(path, node.start_mark.line + 1)
-    known = sizes.get(id(node))
-    if known is not None:  # an alias: its keys were indexed where the anchor is
-        return known
-    sizes[id(node)] = _ENDLESS  # a node inside itself (a recursive alias) expands without end
-    total = 1
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                dotted = ".".join(str(p) for p in (*path, key))
-                problems.append(Problem(file, line, dotted, f"duplicate key (first at line {seen[key]}); keep one"))
-                continue
-            seen[key] = line
-            lines[(*path, key)] = line
-            total += _index_node(value_node, (*path, key), lines, problems, file, sizes)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            total += _index_node(item, (*path, i), lines, problems, file, sizes)
-    sizes[id(node)] = total = min(total, _ENDLESS)
-    return total
