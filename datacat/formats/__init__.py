@@ -22,10 +22,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from datacat.errors import ShardError
 from datacat.registry import FORMATS, load_implementation
 from datacat.resolve import Plan
 
-__all__ = ["RawItem", "only_item", "open_reader", "record_caption"]
+__all__ = ["RawItem", "check_declared", "only_item", "open_reader", "record_caption"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +45,27 @@ def only_item(results: Sequence[RawItem | Exception]) -> RawItem:
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def check_declared(
+    urls: Sequence[str],
+    declared: Sequence[int | None],
+    found: Sequence[int],
+    *,
+    kind: str = "",
+    holds: str = "has {} records",
+) -> None:
+    """Raises a ShardError for the first shard whose record count differs from what its entry declares.
+
+    The message reads ``{kind}{url} {holds}``, e.g. ``tar shard x.tar holds 6 samples``.
+    """
+    for url, expected, actual in zip(urls, declared, found, strict=True):
+        if expected is not None and expected != actual:
+            raise ShardError(
+                f"{kind}{url} {holds.format(actual)}, the catalog declares {expected}: the shard is damaged or the "
+                "entry is wrong; re-copy the shard or correct totals.per_shard",
+                url=url,
+            )
 
 
 def open_reader(plan: Plan) -> Any:

@@ -35,10 +35,10 @@ import numpy as np
 from array_record.python import array_record_data_source, array_record_module
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, only_item, record_caption, riegeli
+from datacat.formats import RawItem, check_declared, only_item, record_caption, riegeli
 from datacat.formats.packed import unpack_pre_resized, unpack_record
-from datacat.formats.storage import is_remote, object_size, read_bytes, read_ranges, with_retries
-from datacat.formats.tf_example import parse_example, shard_lengths
+from datacat.formats.storage import is_remote, object_size, read_ranges, with_retries
+from datacat.formats.tf_example import example_record, tfds_lengths
 from datacat.limits import connect_timeout
 from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
 from datacat.resolve import Plan
@@ -246,18 +246,12 @@ class ArrayRecordReader:
         self._chunks: dict[int, riegeli.ChunkIndex] = {}
         counts = list(self.declared)
         if self.record.layout == "tf_example" and None in counts:  # a TFDS folder says its shard lengths
-            lengths = _tfds_lengths(plan)
+            lengths = tfds_lengths(plan.root, plan.storage_options)
             counts = [n if n is not None else lengths.get(name) for n, name in zip(counts, self.names, strict=True)]
             self.declared = tuple(counts)
         facts = self._chunk_indexes(plan) if self.remote else None
         if facts is not None:  # every shard has its chunk index: records are exact ranges, counts are known
-            for url, declared, fact in zip(self.urls, self.declared, facts, strict=True):
-                if declared is not None and declared != fact.records:
-                    raise ShardError(
-                        f"ArrayRecord shard {url} has {fact.records} records, the catalog declares {declared}; "
-                        "correct totals.per_shard or re-copy the shard",
-                        url=url,
-                    )
+            check_declared(self.urls, self.declared, [f.records for f in facts], kind="ArrayRecord shard ")
             self.index_files = tuple(str(f.index) for f in facts)
             counts = [f.records for f in facts]
         elif self.remote:
@@ -465,13 +459,7 @@ class ArrayRecordReader:
         except (RuntimeError, ValueError, OSError):  # the data source's own open failed: _open says why, naming it
             _open(url).close()
             raise
-        actual = int(reader.num_records())
-        if actual != self.counts[shard]:
-            raise ShardError(
-                f"ArrayRecord shard {url} has {actual} records, the catalog declares {self.counts[shard]}; "
-                "correct totals.per_shard or re-copy the shard",
-                url=url,
-            )
+        check_declared([url], [self.counts[shard]], [int(reader.num_records())], kind="ArrayRecord shard ")
         self._checked.add(shard)
 
     def parse(self, item: RawItem) -> dict[str, Any]:
@@ -479,7 +467,7 @@ class ArrayRecordReader:
         record = self.record
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
         if record.layout == "tf_example":
-            return _example_record(item.payload, record, out)
+            return example_record(item.payload, record, out)
         if record.layout == "single":
             out.update(image=item.payload, caption=None)
             return out
@@ -498,39 +486,6 @@ class ArrayRecordReader:
             out["__key__"] = entries[record.key].decode("utf-8", "replace")
         out["entries"] = entries
         return out
-
-
-def _tfds_lengths(plan: Plan) -> dict[str, int]:
-    url = plan.root.rstrip("/") + "/dataset_info.json"
-    try:
-        return shard_lengths(read_bytes(url, plan.storage_options))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            2,
-            f"{url} not found: a tf_example entry without totals.per_shard reads its shard lengths from the "
-            "dataset_info.json that `tfds build` writes beside the shards; copy it there or declare per_shard",
-            url,
-        ) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ShardError(f"{url} is not a TFDS dataset_info.json: {exc}", url=url) from None
-
-
-def _example_record(payload: bytes, record: Any, out: dict[str, Any]) -> dict[str, Any]:
-    # A TFDS feature dict: the image under record.image (or "image"), label, key and caption by name.
-    features = parse_example(payload)
-    image_key = record.image if record.image in features else "image"  # the schema's default ("jpg") is no feature
-    images = features.get(image_key)
-    out["image"] = images[0] if images else None
-    caption = features.get(record.caption) if record.caption else None
-    out["caption"] = caption[0].decode("utf-8").strip() if caption and isinstance(caption[0], bytes) else None
-    label = features.get(record.label or "label")
-    if label:
-        out["label"] = int(label[0])
-    key = features.get(record.key or "file_name")
-    if key and isinstance(key[0], bytes):
-        out["__key__"] = key[0].decode("utf-8", "replace")
-    out["entries"] = features
-    return out
 
 
 def _label(raw: bytes) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem, only_item
+from datacat.formats import RawItem, check_declared, only_item
 from datacat.formats.storage import object_size, open_url, read_ranges
 from datacat.resolve import Plan
 
@@ -90,12 +90,7 @@ class EmbeddingTableReader:
         self.counts = self.rows  # rows per shard, both splits: what `datacat count` prints
         self.image_offsets = tuple(o for _, o, _ in opened)
         self.text_offsets = tuple(t for _, _, t in opened)
-        for shard, declared, rows in zip(plan.shards, (s.samples for s in plan.shards), self.rows, strict=True):
-            if declared is not None and declared != rows:
-                raise ShardError(
-                    f"{self.images[self.shards.index(shard.name)]} has {rows} rows, the catalog declares {declared}",
-                    url=shard.url,
-                )
+        check_declared(self.images, [s.samples for s in plan.shards], self.rows, holds="has {} rows")
         self.starts = tuple(itertools.accumulate(self.rows, initial=0))
         total = self.starts[-1]
         held = self.prior.validation_rows

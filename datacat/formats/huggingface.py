@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem, only_item, record_caption
+from datacat.formats import RawItem, check_declared, only_item, record_caption
 from datacat.formats.storage import read_bytes
 from datacat.resolve import Plan
 
@@ -59,14 +59,14 @@ class HuggingFaceReader:
         self.image_column = plan.record.image if plan.record.image not in (None, "jpg") else "image"
         self.splits = tuple(s.name for s in plan.shards)
         self.parts = [_load(plan.root, split, self.image_column) for split in self.splits]
-        for shard, part in zip(plan.shards, self.parts, strict=True):
-            if shard.samples is not None and shard.samples != len(part):
-                raise ShardError(
-                    f"{plan.root} split {shard.name} has {len(part)} rows, the catalog declares {shard.samples}; "
-                    "correct totals.per_shard (or pin the revision the counts were taken from)",
-                    url=shard.url,
-                )
         self.counts = tuple(len(p) for p in self.parts)  # rows per split: what `datacat count` prints
+        check_declared(  # a split whose count moved since: pin the revision (root@...) the counts came from
+            [s.url for s in plan.shards],
+            [s.samples for s in plan.shards],
+            self.counts,
+            kind="split ",
+            holds="has {} rows",
+        )
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
 
     def __repr__(self) -> str:

@@ -23,9 +23,12 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from datacat.errors import ShardError
+from datacat.formats.storage import read_bytes
 from datacat.formats.wire import fields, varint
+from datacat.schema import Record
 
-__all__ = ["parse_example", "shard_lengths"]
+__all__ = ["example_record", "parse_example", "shard_lengths", "tfds_lengths"]
 
 Feature = list[bytes] | list[int] | list[float]
 
@@ -104,4 +107,38 @@ def shard_lengths(info: str | bytes | Mapping[str, Any]) -> dict[str, int]:
                 .replace("{NUM_SHARDS}", f"{len(lengths):05d}")
             )
             out[file] = n
+    return out
+
+
+def tfds_lengths(root: str, storage_options: dict[str, Any]) -> dict[str, int]:
+    """Records per shard file name of the TFDS folder ``root``, from its ``dataset_info.json``."""
+    url = root.rstrip("/") + "/dataset_info.json"
+    try:
+        return shard_lengths(read_bytes(url, storage_options))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            2,
+            f"{url} not found: a tf_example entry without totals.per_shard reads its shard lengths from the "
+            "dataset_info.json that `tfds build` writes beside the shards; copy it there or declare per_shard",
+            url,
+        ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(f"{url} is not a TFDS dataset_info.json: {exc}", url=url) from None
+
+
+def example_record(payload: bytes, record: Record, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` completed with one Example's image (``record.image``, else ``image``), label, key and caption."""
+    features = parse_example(payload)
+    image_key = record.image if record.image in features else "image"  # the schema's default ("jpg") is no feature
+    images = features.get(image_key)
+    out["image"] = images[0] if images else None
+    caption = features.get(record.caption) if record.caption else None
+    out["caption"] = caption[0].decode("utf-8").strip() if caption and isinstance(caption[0], bytes) else None
+    label = features.get(record.label or "label")
+    if label:
+        out["label"] = int(label[0])
+    key = features.get(record.key or "file_name")
+    if key and isinstance(key[0], bytes):
+        out["__key__"] = key[0].decode("utf-8", "replace")
+    out["entries"] = features
     return out

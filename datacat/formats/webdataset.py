@@ -27,7 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, only_item, record_caption
+from datacat.formats import RawItem, check_declared, only_item, record_caption
 from datacat.formats.storage import is_remote, open_url, read_ranges
 from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
 from datacat.resolve import Plan
@@ -371,13 +371,9 @@ class WebDatasetReader:
             except OSError as exc:  # a read-only cache costs the index again next time, nothing else
                 log.warning("cannot write the tar index manifest to %s: %s", cache_dir(), exc)
         known = [manifest.shards[n] for n in self.names]
-        for url, declared, fact in zip(self.urls, self.declared, known, strict=True):
-            if declared is not None and declared != fact.records:
-                raise ShardError(
-                    f"tar shard {url} holds {fact.records} samples, the catalog declares {declared}: the shard is "
-                    "damaged or the entry is wrong; re-copy the shard or correct totals.per_shard",
-                    url=url,
-                )
+        check_declared(
+            self.urls, self.declared, [f.records for f in known], kind="tar shard ", holds="holds {} samples"
+        )
         self.counts = tuple(f.records for f in known)
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
         if not any(f.compressed for f in known):
