@@ -415,14 +415,15 @@ def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None
     import concurrent.futures
 
     _readers_installed("count")
-    from datacat.pipeline import SampleSource
+    from datacat.formats import count_shard, open_reader
+    from datacat.registry import format_of
 
     plan = resolve(name, catalog=_catalog(ctx), root=root, val_batches=0, count=None)
-    if plan.format in ("mixture", "image_folder", "image_list"):
+    if format_of(plan.format).counted != "per_shard":
         raise OptionError(f"{plan.name} is {plan.format}: its records are counted when it is opened, not per shard")
-    source = SampleSource(plan)
+    reader = open_reader(plan)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        counts = list(pool.map(source.count_shard, range(len(plan.shards))))
+        counts = list(pool.map(lambda shard: count_shard(reader, shard), range(len(plan.shards))))
     shards = ", ".join(f"{s.name}: {n}" for s, n in zip(plan.shards, counts, strict=True))
     click.echo(f"# {plan.name}: records per shard, counted from {len(counts)} shard(s); paste under the entry")
     click.echo(f"totals:\n  shards: {len(counts)}\n  samples: {sum(counts)}\n  per_shard: {{{shards}}}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
 from datacat.errors import DatacatError, OptionError, ShardError
-from datacat.formats import RawItem, open_reader
+from datacat.formats import RawItem, Reader, open_reader
 from datacat.formats.storage import is_remote, retry_count
 from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
@@ -66,7 +66,7 @@ class SampleSource:
         if plan.glob is not None:
             raise OptionError(f"{plan.name}: its shards were not listed; resolve it with list_shards=True")
         self.plan = plan
-        self.reader = open_reader(plan)
+        self.reader: Reader = open_reader(plan)
         self.transform = transform_for(plan, tokenize=tokenize)
         self.ledger = Ledger.for_plan(plan, policy=on_bad_sample, budget=bad_sample_budget)
 
@@ -75,8 +75,8 @@ class SampleSource:
 
     @property
     def random_access(self) -> bool:
-        """Whether records can be read by position (``len`` and ``sample``)."""
-        return bool(getattr(self.reader, "random_access", False))
+        """Whether records are read by position (a :class:`~datacat.formats.RandomAccessReader`), else shard by shard."""
+        return self.reader.random_access
 
     def __len__(self) -> int:
         return len(self.selection())
@@ -91,8 +91,9 @@ class SampleSource:
 
     def total(self) -> int:
         """Records in all shards, before holdout and count."""
-        if self.random_access:
-            return len(self.reader)
+        reader = self.reader
+        if reader.random_access:
+            return len(reader)
         return self.shard_offsets()[-1]
 
     def selection(self) -> range:
@@ -101,7 +102,7 @@ class SampleSource:
 
     def shard_offsets(self) -> list[int]:
         """The canonical position of each shard's first record, then the total; needs per-shard counts."""
-        counted = getattr(self.reader, "counts", ())  # a reader that counted its shards when opened
+        counted = self.reader.counts  # a reader that counted its shards when opened
         counts = list(counted) if counted else [s.samples for s in self.plan.shards]
         if any(c is None for c in counts):
             missing = [s.name for s in self.plan.shards if s.samples is None][:3]
@@ -111,12 +112,6 @@ class SampleSource:
                 f"(`datacat count {self.plan.name}` counts them and prints the lines to paste)"
             )
         return cumulative([c or 0 for c in counts])
-
-    def count_shard(self, shard: int) -> int:
-        """Records in one shard, counted by reading it (nothing is decoded)."""
-        if self.random_access and hasattr(self.reader, "counts"):
-            return int(self.reader.counts[shard])
-        return sum(1 for _ in self.reader.iter_shard(shard))
 
     def process(self, item: RawItem, *, epoch: int = 0) -> dict[str, Any]:
         """The sample of one raw item, or a bad-sample marker for the ledger to judge."""
@@ -137,41 +132,14 @@ class SampleSource:
     def sample(self, index: int, *, epoch: int = 0) -> dict[str, Any] | None:
         """The sample at selected position ``index``, or None when the skip policy dropped it."""
         position = self.selection()[index]
+        reader = self.reader
+        if not reader.random_access:
+            raise OptionError(f"{self.plan.name} is read shard by shard: read its samples through an EpochView")
         try:
-            (item,) = self.reader.items([position])
+            (item,) = reader.items([position])
         except (DatacatError, OSError) as exc:
             item = exc
         return self.ledger.admit(self.outcome(item, position, epoch=epoch))
-
-    def iter_samples(self, shards: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
-        """The samples of ``shards`` (default all, in order), selection and policy applied."""
-        order = list(range(len(self.plan.shards))) if shards is None else list(shards)
-        plan = self.plan
-        if not (plan.holdout_records or plan.loading.count is not None or plan.from_holdout):
-            for shard in order:
-                for item in self.reader.iter_shard(shard):
-                    if (sample := self.ledger.admit(self.process(item))) is not None:
-                        yield sample
-            return
-        # Read in order from the first shard, positions are counted on the way;
-        # any other order needs each shard's first position up front.
-        offsets = None if order == list(range(len(order))) else self.shard_offsets()
-        total = plan.samples if plan.samples_exact and plan.samples is not None else 1 << 62
-        wanted = selected_range(plan, total)
-        position = 0
-        for shard in order:
-            if offsets is not None:
-                position = offsets[shard]
-                if offsets[shard + 1] <= wanted.start or position >= wanted.stop:
-                    continue  # no selected record in this shard: leave it unopened
-            elif position >= wanted.stop:
-                return
-            for item in self.reader.iter_shard(shard):
-                here, position = position, position + 1
-                if here >= wanted.stop:
-                    break
-                if here >= wanted.start and (sample := self.ledger.admit(self.process(item))) is not None:
-                    yield sample
 
 
 class EpochView:
@@ -251,10 +219,11 @@ class EpochView:
 
     def fetch(self, indices: Sequence[int]) -> list[Fetched]:
         """The raw records at ``indices`` of this slice (a random-access batch in one concurrent read), or their errors."""
-        if self.source.random_access:
+        reader = self.source.reader
+        if reader.random_access:
             positions = [self.position(i) for i in indices]
             try:
-                items: list[RawItem | BaseException] = list(self.source.reader.items(positions))
+                items: list[RawItem | BaseException] = list(reader.items(positions))
             except (DatacatError, OSError) as exc:  # the shard cannot be opened: every record of it fails alike
                 items = [exc] * len(positions)
             return [(self, item, position) for item, position in zip(items, positions, strict=True)]
@@ -267,8 +236,9 @@ class EpochView:
         return out
 
     def _item(self, index: int) -> RawItem:
-        if self.source.random_access:
-            return self.source.reader.item(self.position(index))  # type: ignore[no-any-return]
+        # The next record of a stream, read front to back from the open shard.
+        reader = self.source.reader
+        assert not reader.random_access, "random-access records are fetched by items()"
         part, offset = locate(self.span_starts, self.schedule.start + index)
         shard, begin, _ = self.spans[part]
         local = begin + offset
@@ -276,7 +246,7 @@ class EpochView:
             if (shard, local) in self._ahead:
                 return self._ahead.pop((shard, local))
             if self._cursor is None or self._cursor[0] != shard or self._cursor[1] > local:
-                self._cursor = (shard, 0, self.source.reader.iter_shard(shard))
+                self._cursor = (shard, 0, reader.iter_shard(shard))
             _, at, items = self._cursor
             self._cursor = None  # until this read succeeds: a failed shard is opened afresh next time
             for position in range(at, local + 1):

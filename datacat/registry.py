@@ -1,82 +1,115 @@
 """Which formats and backends exist, and where their code lives.
 
-Like fsspec's ``known_implementations``: a name maps to ``"module:Class"``
-and an install hint, and the module is imported on first use only, so
-``import datacat`` costs none of the heavy readers or frameworks. Adding a
-format is a module under ``datacat/formats/`` plus one line here; the
-``format:`` value in a catalog file is the key.
+Like fsspec's ``known_implementations``: a name maps to where its code lives,
+and the module is imported on first use only, so ``import datacat`` costs
+none of the readers or frameworks. A format is one module under
+``datacat/formats/`` ending in a :class:`Format` declaration named
+``FORMAT`` (its layouts, the rules its files follow, how its shards are
+named and counted, its reader), plus one line in :data:`FORMATS`; the
+``format:`` value in a catalog file is the key. Format modules import their
+heavy libraries (numpy, fsspec, array_record) where they read, so that
+validating and describing an entry imports none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import BackendUnavailable
 
-__all__ = ["BACKENDS", "FORMATS", "FormatInfo", "Implementation", "load_implementation"]
+if TYPE_CHECKING:
+    from datacat.resolve import Plan
+
+__all__ = ["BACKENDS", "FORMATS", "Format", "Implementation", "format_of", "load_implementation"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-    """Where a format reader or backend lives, and how to install what it needs."""
+    """Where a backend lives (``"module:attribute"``), and how to install what it needs."""
 
     target: str
     hint: str = ""
 
 
+def _any_name(shard: str) -> bool:
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
-class FormatInfo(Implementation):
-    """A format's reader plus what a catalog entry of that format must declare.
+class Format:
+    """One ``format:`` value: what its catalog entries declare and how its records are read.
 
     ``access`` is ``"random"`` for formats read by index (array_record, image
     lists), ``"indexed"`` for tar shards (read by index through a byte index
     of their members, built on first read or by ``datacat verify``; a gzip tar
-    is read front to back) and ``"stream"`` for formats read front to back.
-    ``needs`` names the entry sections the format cannot do without, and
-    ``layouts`` the ``record.layout`` values it reads.
+    is read front to back), ``"stream"`` for formats read front to back and
+    ``"composite"`` for mixtures. ``needs`` names the entry sections the
+    format cannot do without (and ``sections`` those only it may have),
+    ``layouts`` the ``record.layout`` values it reads, the first being the
+    default. ``contract(plan)`` is what ``datacat describe`` prints: the rules
+    the files follow, one sentence each. ``names_a_shard`` tells a shard
+    name of this format from a mistake; ``shards_are`` says what one is.
+    ``counted`` says how ``datacat count`` counts: per shard, or not at all
+    (records counted when the entry is opened). ``rows`` marks a format
+    whose records are embedding rows, not images.
     """
 
-    access: Literal["random", "indexed", "stream", "composite"] = "stream"
-    needs: tuple[str, ...] = ()
-    layouts: tuple[str, ...] = ()
+    reader: Callable[[Plan], Any]
+    access: Literal["random", "indexed", "stream", "composite"]
+    layouts: tuple[str, ...]
+    contract: Callable[[Plan], list[str]]
+    needs: tuple[str, ...] = ("location",)
+    sections: tuple[str, ...] = ()
+    names_a_shard: Callable[[str], bool] = _any_name
+    shards_are: str = ""
+    counted: Literal["per_shard", "at_open"] = "per_shard"
+    rows: bool = False
+    hint: str = ""
 
 
-_AR_HINT = "array_record shards need array-record: pip install array-record"
-
-FORMATS: dict[str, FormatInfo] = {
-    "webdataset": FormatInfo("datacat.formats.webdataset:WebDatasetReader", "", "indexed", ("location",), ("members",)),
-    "array_record": FormatInfo(
-        "datacat.formats.array_record:ArrayRecordReader",
-        _AR_HINT,
-        "random",
-        ("location",),
-        ("packed", "pre_resized", "single", "tf_example"),
-    ),
-    "image_folder": FormatInfo(
-        "datacat.formats.image_folder:ImageFolderReader", "", "random", ("location",), ("files",)
-    ),
-    "image_list": FormatInfo("datacat.formats.image_list:ImageListReader", "", "random", ("location",), ("table",)),
-    "huggingface": FormatInfo(
-        "datacat.formats.huggingface:HuggingFaceReader",
-        "Hugging Face datasets need the datasets library: pip install 'datacat[hf]'",
-        "random",
-        ("location",),
-        ("rows",),
-    ),
-    "embeddings": FormatInfo(
-        "datacat.formats.embeddings:EmbeddingsReader", "", "stream", ("location", "embeddings"), ("members",)
-    ),
-    "embedding_table": FormatInfo(
-        "datacat.formats.embedding_table:EmbeddingTableReader",
-        "Embedding tables need numpy and pyarrow: pip install 'datacat[images,parquet]'",
-        "random",
-        ("location", "prior"),
-        ("rows",),
-    ),
-    "mixture": FormatInfo("datacat.mixing:MixtureSource", "", "composite", ("mixture",), ()),
+FORMATS: dict[str, str] = {
+    "webdataset": "datacat.formats.webdataset",
+    "array_record": "datacat.formats.array_record",
+    "image_folder": "datacat.formats.image_folder",
+    "image_list": "datacat.formats.image_list",
+    "huggingface": "datacat.formats.huggingface",
+    "embeddings": "datacat.formats.embeddings",
+    "embedding_table": "datacat.formats.embedding_table",
+    "mixture": "datacat.mixing",
 }
+"""Each ``format:`` value and the module whose ``FORMAT`` declares it."""
+
+
+def _open_mixture(plan: Plan) -> Any:
+    from datacat.mixing import MixtureSource
+
+    return MixtureSource(plan)
+
+
+def _mixture_contract(plan: Plan) -> list[str]:
+    return [f"Each component ({', '.join(c.plan.name for c in plan.components)}) follows its own contract."]
+
+
+# A mixture reads other entries; its declaration lives here, so that validating one imports no reader.
+_BUILT_IN = {
+    "mixture": Format(
+        _open_mixture, "composite", (), _mixture_contract, needs=("mixture",), sections=("mixture",), counted="at_open"
+    )
+}
+_LOADED: dict[str, Format] = {}
+
+
+def format_of(name: str) -> Format:
+    """The declaration of format ``name`` (a key of :data:`FORMATS`), its module imported now."""
+    found = _LOADED.get(name) or _BUILT_IN.get(name)
+    if found is None:
+        module = importlib.import_module(FORMATS[name])
+        found = _LOADED[name] = module.FORMAT
+    return found
+
 
 BACKENDS: dict[str, Implementation] = {
     "torch": Implementation(

@@ -25,7 +25,7 @@ from datacat.errors import OptionError, ShardError, storage_failure
 from datacat.interpolate import interpolate, interpolate_all
 from datacat.manifest import load_manifest, manifest_key
 from datacat.redact import redact, remember
-from datacat.registry import FORMATS
+from datacat.registry import format_of
 from datacat.rules import escapes_root, is_glob, shard_names
 from datacat.schema import Embeddings, Entry, Exhaustion, Loading, Location, Prior, Record
 from datacat.shards import brace_numbers
@@ -185,7 +185,7 @@ def _resolve(
         # The entry's own class-names file is relative to its catalog file, like location.root.
         anchored = os.path.normpath(source.folder / os.path.expanduser(names_file))
         loading = loading.model_copy(update={"captions": loading.captions.model_copy(update={"class_names": anchored})})
-    info = FORMATS[entry.format]
+    info = format_of(entry.format)
     if entry.prior is not None and loading.val_batches:
         loading = loading.model_copy(update={"val_batches": 0})  # split by declared rows, never by batch counts
     common: dict[str, Any] = dict(

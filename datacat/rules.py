@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 
 from datacat.interpolate import unset_variables
-from datacat.registry import FORMATS
+from datacat.registry import FORMATS, format_of
 from datacat.schema import Entry, Location
 from datacat.shards import brace_numbers, expand_braces
 
@@ -38,32 +38,21 @@ def shard_names(location: Location) -> list[str]:
 
 def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -> Iterator[Finding]:
     """Every rule one entry breaks on its own."""
-    info = FORMATS.get(entry.format)
-    if info is None:
+    if entry.format not in FORMATS:
         close = difflib.get_close_matches(entry.format, FORMATS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         yield name, ("format",), f"{entry.format!r} is not a known format (known: {', '.join(sorted(FORMATS))}){hint}"
         return
+    info = format_of(entry.format)
     for section in info.needs:
         if getattr(entry, section) is None:
             yield name, (section,), f"required for format {entry.format!r}"
-    if entry.format == "mixture":
-        if entry.location is not None:
-            yield name, ("location",), "a mixture has no shards of its own; remove it and list components"
-    elif entry.mixture is not None:
-        yield name, ("mixture",), f"only a 'mixture' entry has components, this one has format {entry.format!r}"
-    if entry.embeddings is not None and entry.format != "embeddings":
-        yield (
-            name,
-            ("embeddings",),
-            f"only an 'embeddings' entry has this section, this one has format {entry.format!r}",
-        )
-    if entry.prior is not None and entry.format != "embedding_table":
-        yield (
-            name,
-            ("prior",),
-            f"only an 'embedding_table' entry has this section, this one has format {entry.format!r}",
-        )
+    if "location" not in info.needs and entry.location is not None:
+        yield name, ("location",), f"a {entry.format} has no shards of its own; remove it and list components"
+    for owner in FORMATS:  # a section only one format reads, on an entry of another
+        for section in format_of(owner).sections:
+            if owner != entry.format and getattr(entry, section) is not None:
+                yield name, (section,), f"only a {owner!r} entry has this section, this one has format {entry.format!r}"
     if info.layouts and entry.record.layout is not None and entry.record.layout not in info.layouts:
         yield (
             name,
@@ -79,27 +68,6 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
     if entry.loading.val_split is not None and entry.loading.val_split not in entry.splits:
         known = ", ".join(entry.splits) or "none declared"
         yield name, ("loading", "val_split"), f"{entry.loading.val_split!r} is not under splits ({known})"
-
-
-_FILE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".tar", ".csv", ".tsv", ".parquet", ".array_record", ".npy")
-_TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
-_SHARDS_ARE = {
-    "image_folder": 'its shards are folders of images, e.g. shards: [train] or "{00..09}" (every image under each, '
-    "recursively, with a .txt caption beside it)",
-    "image_list": "its shards are tables (.csv, .tsv or .parquet) with a column of image paths, e.g. shards: images.csv",
-    "embedding_table": 'its shards are file numbers, e.g. shards: "{0000..0009}" for img_emb/img_emb_0000.npy ...',
-}
-
-
-def _names_a_shard_of(format_name: str, shard: str) -> bool:
-    lower = shard.lower()
-    if format_name == "image_folder":
-        return not lower.endswith(_FILE_SUFFIXES)
-    if format_name == "image_list":
-        return lower.endswith(_TABLE_SUFFIXES)
-    if format_name == "embedding_table":
-        return not lower.endswith(_FILE_SUFFIXES)
-    return True
 
 
 def escapes_root(name: str) -> bool:
@@ -121,11 +89,11 @@ def _check_location(
         if location.missing:
             yield name, (*at, "missing"), "a glob lists only shards that exist; declare missing shards with a pattern"
         pattern = str(location.shards)
-        if entry is not None and not _names_a_shard_of(entry.format, pattern):
+        if entry is not None and not format_of(entry.format).names_a_shard(pattern):
             yield (
                 name,
                 (*at, "shards"),
-                f"{pattern!r} matches no shard of format {entry.format!r}: {_SHARDS_ARE[entry.format]}",
+                f"{pattern!r} matches no shard of format {entry.format!r}: {format_of(entry.format).shards_are}",
             )
         return
     try:
@@ -137,13 +105,10 @@ def _check_location(
     if len(named) != len(names):
         yield name, (*at, "shards"), "names some shard twice"
     if entry is not None:
-        wrong = next((n for n in names if not _names_a_shard_of(entry.format, n)), None)
+        declared = format_of(entry.format)
+        wrong = next((n for n in names if not declared.names_a_shard(n)), None)
         if wrong is not None:
-            yield (
-                name,
-                (*at, "shards"),
-                f"{wrong!r} is not a shard of format {entry.format!r}: {_SHARDS_ARE[entry.format]}",
-            )
+            yield name, (*at, "shards"), f"{wrong!r} is not a shard of format {entry.format!r}: {declared.shards_are}"
     outside = next((n for n in names if escapes_root(n)), None)
     if outside is not None:
         yield name, (*at, "shards"), f"shard name {outside!r} leaves the root; a shard name is a path inside the root"

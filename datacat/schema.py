@@ -22,7 +22,6 @@ __all__ = [
     "Embeddings",
     "Entry",
     "Exhaustion",
-    "Layout",
     "Loading",
     "Location",
     "Mixture",
@@ -36,7 +35,6 @@ Augmentation = Literal["none", "flip_only", "flip_jitter"]
 ResizeMode = Literal["center_crop", "squash", "pad"]
 BadSamplePolicy = Literal["raise", "skip"]
 Exhaustion = Literal["stop_on_first", "stop_on_all", "restart"]
-Layout = Literal["members", "packed", "pre_resized", "single", "tf_example", "files", "table", "rows"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -80,8 +78,8 @@ class Totals(_Frozen):
 class Record(_Frozen):
     """How one record is laid out: which key holds what."""
 
-    layout: Layout | None = None
-    """Unset means the format's first: `members` (tar members by extension), `packed` (array_record length-prefixed dict),
+    layout: str | None = None
+    """One of the layouts the format declares (a wrong one is an error listing them); unset means its first: `members` (tar members by extension), `packed` (array_record length-prefixed dict),
     `pre_resized` (array_record `image`/`shape`/`caption`), `single` (one blob per record),
     `tf_example` (array_record of serialized tf.train.Example, as `tfds build --file_format=array_record` writes;
     shard lengths from the folder's `dataset_info.json`, class names from its `label.labels.txt`),

@@ -19,14 +19,15 @@ from typing import Any
 
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError, ShardError
+from datacat.formats import RawItem
 from datacat.formats.storage import filesystem, is_remote, with_retries
 from datacat.manifest import Manifest, ShardFacts, save_manifest
 from datacat.pipeline import SampleSource
 from datacat.resolve import Plan, Shard, resolve
 from datacat.rules import is_glob, shard_names
-from datacat.transforms.ledger import BadSample, is_marker
+from datacat.transforms.ledger import BadSample, Ledger
 
-__all__ = ["Report", "ShardReport", "verify"]
+__all__ = ["Report", "ShardReport", "bad_records", "verify"]
 
 Progress = Callable[[str, int, int], None]
 """Called with (stage, done, total) as the work advances."""
@@ -199,12 +200,13 @@ def _count(
     if not shards:
         return []
     if plan.format == "webdataset":
-        from datacat.formats.webdataset import WebDatasetReader
+        from datacat.formats.webdataset import TarStream
 
-        reader = WebDatasetReader(plan.model_copy(update={"shards": tuple(shards)}), index=False)
-        count_one: Callable[[int], ShardFacts] = reader._index_shard
+        count_one: Callable[[int], ShardFacts] = TarStream(
+            plan.model_copy(update={"shards": tuple(shards)})
+        ).index_shard
     else:
-        from datacat.formats.array_record import count_records, index_shard
+        from datacat.formats.ar_shards import count_records, index_shard
 
         def count_one(i: int) -> ShardFacts:
             url, name = shards[i].url, shards[i].name
@@ -247,29 +249,42 @@ def _decode_all(
         update={
             "shards": tuple(s.model_copy(update={"samples": n}) for s, n in zip(shards, counted, strict=True)),
             "glob": None,
-            "loading": plan.loading.model_copy(
-                update={"augmentation": "none", "on_bad_sample": "skip", "bad_sample_budget": 1.0}
-            ),
+            "loading": plan.loading.model_copy(update={"augmentation": "none"}),
         }
     )
     source = SampleSource(checked)
     bad: list[BadSample] = []
-    if source.random_access:
-        total = len(source.reader)
-        for start in range(0, total, 64):
-            positions = list(range(start, min(total, start + 64)))
+    total = sum(counted)
+    done = 0
+    for shard in range(len(shards)):
+        bad += bad_records(source, shard)
+        done += counted[shard]
+        advance(done, total)
+    return bad
+
+
+def bad_records(source: SampleSource, shard: int) -> list[BadSample]:
+    """Every record of one shard read and decoded (no augmentation), and the ones that fail.
+
+    A shard that cannot be read at all raises (a ShardError naming it).
+    What ``verify --deep`` runs per shard, on one machine or as a Beam job.
+    """
+    ledger = Ledger(source.plan.name, policy="skip", budget=1.0)
+    reader = source.reader
+    if reader.random_access:
+        first = sum(reader.counts[:shard])
+        stop = first + reader.counts[shard]
+        for start in range(first, stop, 64):
+            positions = range(start, min(stop, start + 64))
             try:
-                items = list(source.reader.items(positions))
+                items: list[RawItem | BaseException] = list(reader.items(positions))
             except (ShardError, OSError) as exc:
                 items = [exc] * len(positions)
             for position, item in zip(positions, items, strict=True):
-                output = source.outcome(item, position)
-                if is_marker(output):
-                    source.ledger.admit(output)
-            advance(positions[-1] + 1, total)
-        bad = list(source.ledger.skipped)
+                if isinstance(item, ShardError | OSError):
+                    raise item
+                ledger.admit(source.outcome(item, position))
     else:
-        for _ in source.iter_samples():
-            pass
-        bad = list(source.ledger.skipped)
-    return bad
+        for position, raw in enumerate(reader.iter_shard(shard)):
+            ledger.admit(source.outcome(raw, position))
+    return list(ledger.skipped)

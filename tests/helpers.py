@@ -7,6 +7,7 @@ import io
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -53,3 +54,12 @@ def make_array_record(path: Path, records: Iterable[bytes]) -> Path:
         writer.write(record)
     writer.close()
     return path
+
+
+def read_all(source: Any) -> list[dict[str, Any]]:
+    """Every selected sample of a SampleSource in canonical order (one rank, no shuffle), its policy applied."""
+    from datacat.epochs import Schedule
+
+    n = len(source)
+    view = source.view(Schedule(n, 0, n, (n,)), seed=0, epoch=0, shuffle=False)
+    return [s for output in view.finish(view.fetch(range(n))) if (s := source.ledger.admit(output)) is not None]

@@ -9,7 +9,8 @@ from helpers import jpeg, make_array_record
 
 import datacat
 from datacat.errors import RecordError, ShardError
-from datacat.formats.array_record import ArrayRecordReader, count_records
+from datacat.formats.ar_shards import count_records
+from datacat.formats.array_record import ArrayRecordReader
 from datacat.formats.packed import pack_record, unpack_pre_resized, unpack_record
 from datacat.pipeline import SampleSource
 
@@ -66,9 +67,9 @@ def test_shared_files_read_through_a_catalog_entry(licensed_data: Path, tmp_path
     plan = datacat.resolve("ops", catalog=datacat.load_catalog([tmp_path / "c.yaml"], builtin=False))
     reader = ArrayRecordReader(plan)
     assert len(reader) == 14 and reader.counts == (10, 4)
-    assert reader.item(0).payload.endswith(b"0") and reader.item(9).payload.endswith(b"9")
-    assert reader.item(10).payload.endswith(b"+") and reader.item(13).payload.endswith(b"/")
-    assert reader.item(12).key == "operators.array_record-00000-of-00001:2"
+    assert reader.items([0])[0].payload.endswith(b"0") and reader.items([9])[0].payload.endswith(b"9")
+    assert reader.items([10])[0].payload.endswith(b"+") and reader.items([13])[0].payload.endswith(b"/")
+    assert reader.items([12])[0].key == "operators.array_record-00000-of-00001:2"
 
 
 def _entry(tmp_path: Path, per_shard: str = "") -> datacat.Catalog:
@@ -105,9 +106,9 @@ def test_declared_counts_skip_opening_and_are_checked(tmp_path: Path) -> None:
     catalog = _entry(tmp_path, "  totals: {per_shard: {0.ar: 5, 1.ar: 3}}\n")
     reader = ArrayRecordReader(datacat.resolve("t", catalog=catalog))
     assert len(reader) == 8  # from the catalog, nothing opened yet
-    reader.item(0)
+    assert not isinstance(reader.items([0])[0], Exception)
     with pytest.raises(ShardError, match=r"1\.ar has 4 records, the catalog declares 3"):
-        reader.item(6)
+        reader.items([6])
 
 
 def test_truncated_and_missing_shards(tmp_path: Path) -> None:

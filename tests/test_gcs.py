@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import read_all
 
 import datacat
 from datacat.catalog import builtin_catalog_dir
@@ -42,11 +43,11 @@ def _catalog(tmp_path: Path) -> datacat.Catalog:
 def test_tars_and_array_records_read_from_gs(bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_BUCKET", bucket)
     catalog = _catalog(tmp_path)
-    local = [s["key"] for s in SampleSource(datacat.resolve("sample", image_size=16)).iter_samples()]
+    local = [s["key"] for s in read_all(SampleSource(datacat.resolve("sample", image_size=16)))]
 
     wds = datacat.resolve("gwds", catalog=catalog, image_size=16)
     assert wds.shards[0].url == "gs://datacat-test/webdataset/0000.tar"
-    assert [s["key"] for s in SampleSource(wds).iter_samples()] == local
+    assert [s["key"] for s in read_all(SampleSource(wds))] == local
 
     ar = datacat.resolve("gar", catalog=catalog, image_size=16)  # the glob is listed through gcsfs
     assert [s.name for s in ar.shards] == ["00000.array_record", "00001.array_record", "00003.array_record"]
@@ -59,7 +60,7 @@ def test_missing_object_on_gs_is_file_not_found(bucket: str, tmp_path: Path, mon
     monkeypatch.setenv("TEST_BUCKET", bucket)
     plan = datacat.resolve("gwds", catalog=_catalog(tmp_path), image_size=16, root="gs://datacat-test/nowhere")
     with pytest.raises(FileNotFoundError, match=r"nowhere/webdataset/0000\.tar"):
-        list(SampleSource(plan).iter_samples())
+        read_all(SampleSource(plan))
 
 
 def test_both_backends_read_gs_in_worker_processes(

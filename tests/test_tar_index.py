@@ -63,10 +63,11 @@ def test_tar_index_is_kept_in_the_manifest(tmp_path: Path) -> None:
     assert len([k for b in datacat.open("t", framework="torch", batch_size=4, catalog=catalog) for k in b["key"]]) == 12
     manifest = load_manifest(plan.manifest)
     assert manifest is not None and [f.records for f in manifest.shards.values()] == [4, 4, 4]
+    from datacat.formats.webdataset import TarStream
     from datacat.pipeline import SampleSource
 
-    small = SampleSource(datacat.resolve("t", catalog=catalog, read_ahead="64 KiB"))
-    assert small.reader.block_size == 65536 and small.random_access
+    assert SampleSource(datacat.resolve("t", catalog=catalog)).random_access  # every shard indexed
+    assert TarStream(datacat.resolve("t", catalog=catalog, read_ahead="64 KiB")).block_size == 65536
     again = datacat.resolve("t", catalog=catalog)  # counts known now, from the manifest
     assert again.samples == 12 and again.samples_exact
     assert datacat.describe("t", catalog=catalog)["plan"]["samples"] == 12

@@ -4,11 +4,11 @@ import io
 from pathlib import Path
 
 import pytest
-from helpers import make_tar, sample_members
+from helpers import make_tar, read_all, sample_members
 
 import datacat
 from datacat.errors import RecordError, ShardError
-from datacat.formats.webdataset import WebDatasetReader, decode_member, group_by_key, split_key, tar_members
+from datacat.formats.webdataset import TarStream, decode_member, group_by_key, split_key, tar_members
 from datacat.pipeline import SampleSource
 
 
@@ -48,7 +48,7 @@ def test_gzipped_tar_named_tar_is_detected_from_bytes(tmp_path: Path) -> None:
     make_tar(tmp_path / "0.tar", sample_members(["a", "b"]), compress=True)
     assert (tmp_path / "0.tar").read_bytes()[:2] == b"\x1f\x8b"
     catalog = _catalog(tmp_path, "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}}\n")
-    samples = list(SampleSource(datacat.resolve("t", catalog=catalog, image_size=16)).iter_samples())
+    samples = read_all(SampleSource(datacat.resolve("t", catalog=catalog, image_size=16)))
     assert [s["key"] for s in samples] == ["a", "b"] and samples[1]["caption"] == "caption of b"
 
 
@@ -91,7 +91,7 @@ def test_member_decoding(tmp_path: Path) -> None:
         tmp_path,
         "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, record: {label: cls, embedding: npy}}\n",
     )
-    reader = WebDatasetReader(datacat.resolve("t", catalog=catalog))
+    reader = TarStream(datacat.resolve("t", catalog=catalog))
     record = reader.parse(next(reader.iter_shard(0)))
     assert record["caption"] == "hi" and record["label"] == 7 and record["members"]["json"] == {"a": 1}
     assert record["embedding"].tolist() == [0, 1, 2, 3] and record["members"]["weird"] == b"\x00\x01"
@@ -104,7 +104,7 @@ def test_skip_yields_every_good_sample_and_ledgers_the_bad(tmp_path: Path) -> No
     catalog = _catalog(tmp_path, "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}}\n")
     plan = datacat.resolve("t", catalog=catalog, image_size=16, on_bad_sample="skip", bad_sample_budget=0.5)
     source = SampleSource(plan)
-    samples = list(source.iter_samples())
+    samples = read_all(source)
     assert [s["key"] for s in samples] == [k for k in keys if k not in bad]
     assert sorted(b.key for b in source.ledger.skipped) == sorted(bad)
     assert all(b.shard.endswith("0.tar") and "no decoder recognises" in b.reason for b in source.ledger.skipped)
@@ -112,10 +112,10 @@ def test_skip_yields_every_good_sample_and_ledgers_the_bad(tmp_path: Path) -> No
 
     strict = SampleSource(datacat.resolve("t", catalog=catalog, image_size=16))
     with pytest.raises(RecordError, match=r"shard .*0\.tar, key 0002: not a readable image"):
-        list(strict.iter_samples())
+        read_all(strict)
 
     tight = SampleSource(
         datacat.resolve("t", catalog=catalog, image_size=16, on_bad_sample="skip", bad_sample_budget=0.1)
     )
     with pytest.raises(datacat.errors.BadSampleBudgetExceeded, match="over the budget"):
-        list(tight.iter_samples())
+        read_all(tight)

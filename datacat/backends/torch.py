@@ -122,7 +122,7 @@ def _worker_context() -> multiprocessing.context.BaseContext | None:
     forkserver (a clean process started once, torch preloaded), which needs the
     script's top level behind ``if __name__ == "__main__":``.
     """
-    array_record = sys.modules.get("datacat.formats.array_record")
+    array_record = sys.modules.get("datacat.formats.ar_shards")
     opened = array_record is not None and array_record.opened_here()
     if not _jax_started() and not opened and not _array_record_pool_running():
         return None

@@ -20,32 +20,35 @@ import bisect
 import concurrent.futures
 import dataclasses
 import itertools
-import json
 import logging
 import os
-import subprocess
-import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-
-# The C++ reader (it also reads gs:// itself); only array_record entries need it.
-from array_record.python import array_record_data_source, array_record_module
+from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, check_declared, only_item, record_caption, riegeli
+from datacat.formats import RawItem, check_declared, record_caption, riegeli
+from datacat.formats.ar_shards import (
+    check_reachable,
+    count_elsewhere,
+    index_dir,
+    index_shard,
+    note_opened,
+    open_shard,
+    opened_here,
+    remember_counts,
+)
 from datacat.formats.packed import unpack_pre_resized, unpack_record
-from datacat.formats.storage import is_remote, object_size, read_ranges, with_retries
+from datacat.formats.storage import is_remote, read_ranges, with_retries
 from datacat.formats.tf_example import example_record, tfds_lengths
-from datacat.limits import connect_timeout
-from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
-from datacat.resolve import Plan
+from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
+from datacat.registry import Format
+
+if TYPE_CHECKING:
+    from datacat.resolve import Plan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArrayRecordReader", "count_elsewhere", "count_records", "index_shard", "opened_here"]
+__all__ = ["FORMAT", "ArrayRecordReader", "opened_here"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,184 +60,15 @@ class _FileInstruction:
     examples_in_shard: int
 
 
-def _index_dir() -> Path:
-    return cache_dir() / "ar-index"
-
-
-def opened_here() -> bool:
-    """Whether this process has opened an ArrayRecord reader: forking it after that crashes the child.
-
-    array_record's C++ client keeps process-wide state that a forked child
-    inherits half-alive (seen here: the child segfaults on its first read).
-    """
-    return os.getpid() == _OPENED_IN
-
-
-_OPENED_IN = 0
-
-
-def _note_opened() -> None:
-    global _OPENED_IN
-    _OPENED_IN = os.getpid()
-
-
-class _NotOpened(RuntimeError):
-    """The C++ reader's status after a failed open."""
-
-
-def _open(url: str) -> Any:
-    _note_opened()
-
-    def attempt() -> Any:
-        # The C++ reader does not raise on a failed open: ok() turns False and close() raises the status.
-        reader = array_record_module.ArrayRecordReader(url)
-        if reader.ok():
-            return reader
-        try:
-            reader.close()
-            status = "unknown error"
-        except RuntimeError as exc:
-            status = str(exc)
-        if "No such file" in status or "NOT_FOUND" in status:
-            raise FileNotFoundError(2, url, url)
-        raise _NotOpened(status)
-
-    try:  # remote: a footer read cut short by the network looks like a damaged file; only a retry tells
-        return with_retries(attempt, url, any_error=is_remote(url))
-    except _NotOpened as exc:
-        status = str(exc)
-    except ShardError as exc:
-        status = str(exc.__cause__ or exc)
-    if "No such file" in status or "NOT_FOUND" in status:
-        raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
-    raise ShardError(
-        f"ArrayRecord shard {url} cannot be read ({status or 'no valid footer'}): it is truncated or not an "
-        "ArrayRecord file. Re-copy it, or add it to the entry's missing list.",
-        url=url,
-    )
-
-
-def count_records(url: str) -> int:
-    """The number of records in one shard."""
-    reader = _open(url)
-    try:
-        return int(reader.num_records())
-    finally:
-        reader.close()
-
-
-def count_elsewhere(urls: Sequence[str]) -> list[int]:
-    """The records of each shard, counted in a short-lived child process, all shards at once.
-
-    Counting in this process would leave array_record's C++ client state
-    here, and a forked worker then crashes: the loader would have to start
-    its workers from a forkserver, seconds slower. The child costs ~0.3 s.
-    """
-    code = (
-        "import json, sys\n"
-        "from datacat.formats.array_record import _count_all\n"
-        "print('COUNTS ' + json.dumps(_count_all(json.loads(sys.argv[1]))))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(list(urls))], capture_output=True, text=True, check=False, timeout=3600
-    )
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("COUNTS ")), None)
-    if line is None:
-        raise ShardError(
-            f"counting the records of {urls[0]} and {len(urls) - 1} more shard(s) failed: {done.stderr[-800:]}"
-        )
-    counts: list[int] = []
-    for url, (kind, value) in zip(urls, json.loads(line[len("COUNTS ") :]), strict=True):
-        if kind == "missing":
-            raise FileNotFoundError(2, f"shard not found: {url}; check the entry's root or its missing list", url)
-        if kind == "error":
-            raise ShardError(value)
-        counts.append(int(value))
-    return counts
-
-
-def _count_all(urls: list[str]) -> list[tuple[str, Any]]:
-    def one(url: str) -> tuple[str, Any]:
-        try:
-            return "count", count_records(url)
-        except FileNotFoundError:
-            return "missing", url
-        except ShardError as exc:
-            return "error", str(exc)
-
-    with concurrent.futures.ThreadPoolExecutor(min(16, len(urls))) as pool:
-        return list(pool.map(one, urls))
-
-
-def _remember_counts(plan: Plan, counts: Sequence[int | None]) -> None:
-    # Counted once, kept in the cache's manifest: the next open (and describe) reads no footer.
-    manifest = load_manifest(plan.manifest) or Manifest(plan.manifest, plan.name, plan.root, {})
-    for shard, n in zip(plan.shards, counts, strict=True):
-        if n is not None and shard.name not in manifest.shards:
-            manifest.shards[shard.name] = ShardFacts(shard.name, int(n), url=shard.url)
-    try:
-        save_manifest(manifest)
-    except OSError as exc:
-        log.warning("cannot write the manifest of %s: %s", plan.name, exc)
-
-
-def index_shard(url: str, name: str, storage_options: dict[str, Any], *, size: int | None = None) -> ShardFacts | None:
-    """Reads the chunk index of one remote shard (``size`` bytes, asked for when None) into the cache.
-
-    Two requests at most (the size, then the last 1 MiB: postscript and
-    footer). None when its chunks are not decoded in Python: read it with
-    array_record's client.
-    """
-    if size is None:
-        size = object_size(url, storage_options)
-    start = size - riegeli.tail_size(size)
-    (tail,) = read_ranges([(url, start, size)], storage_options)
-    if isinstance(tail, Exception):
-        raise tail
-    try:
-        try:
-            index = riegeli.read_index(tail, size)
-        except riegeli.NeedMore as more:  # a footer of more than ~80k chunks
-            (head,) = read_ranges([(url, more.offset, start)], storage_options)
-            if isinstance(head, Exception):
-                raise head from None
-            index = riegeli.read_index(tail, size, head)
-    except riegeli.Unsupported as exc:
-        log.info("%s is read by array_record's own client: %s", url, exc)
-        return None
-    except ValueError as exc:
-        raise ShardError(
-            f"ArrayRecord shard {url} cannot be read ({exc}): it is truncated or not an ArrayRecord file. "
-            "Re-copy it, or add it to the entry's missing list.",
-            url=url,
-        ) from None
-    index_file = save_index("ar-index", index.to_array(), url)
-    return ShardFacts(name, len(index), url=url, bytes=size, index=index_file)
-
-
-def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
-    """Raises unless fsspec can read remote ``url``: array_record's own GCS client would retry for minutes.
-
-    One ranged read of one byte: it proves the object exists and the
-    credentials work, with no listing (an ``info`` call lists too).
-    """
-    (result,) = read_ranges([(url, 0, 1)], storage_options, seconds=connect_timeout())
-    if isinstance(result, FileNotFoundError | ShardError):
-        raise result  # it names the URL and what to check
-    if isinstance(result, Exception):
-        raise ShardError(
-            f"cannot reach {url}: {result}. Check the network and credentials, or set DATACAT_ROOT (or root=) "
-            "to a local copy",
-            url=url,
-        ) from result
-
-
 class ArrayRecordReader:
     """Records of ArrayRecord shards by global index, shards in plan order, a batch's records read at once."""
 
-    random_access = True
+    random_access: Literal[True] = True
 
     def __init__(self, plan: Plan) -> None:
+        # The C++ reader (it also reads gs:// itself); only array_record entries need it.
+        from array_record.python import array_record_data_source
+
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
         self.names = tuple(s.name for s in plan.shards)
@@ -260,7 +94,7 @@ class ArrayRecordReader:
         if uncounted:  # no per_shard and no manifest: read each footer once, all at once, elsewhere
             for i, n in zip(uncounted, count_elsewhere([self.urls[i] for i in uncounted]), strict=True):
                 counts[i] = n
-            _remember_counts(plan, counts)
+            remember_counts(plan, counts)
         self.counts = tuple(int(n or 0) for n in counts)
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
         self.source = array_record_data_source.ArrayRecordDataSource(
@@ -291,7 +125,7 @@ class ArrayRecordReader:
             if (facts := manifest.shards.get(name)) is None
             or facts.url != self.urls[i]
             or facts.index is None
-            or not (_index_dir() / facts.index).is_file()
+            or not (index_dir() / facts.index).is_file()
         ]
         if todo:
             log.info(
@@ -321,7 +155,9 @@ class ArrayRecordReader:
     def _chunk_index(self, shard: int) -> riegeli.ChunkIndex:
         index = self._chunks.get(shard)
         if index is None:
-            array = np.load(_index_dir() / self.index_files[shard])
+            import numpy as np
+
+            array = np.load(index_dir() / self.index_files[shard])
             index = self._chunks[shard] = riegeli.ChunkIndex.from_array(array)
         return index
 
@@ -345,7 +181,7 @@ class ArrayRecordReader:
         where = [self.locate(i) for i in indices]
         if self.index_files:
             return self._items(indices, where, self._read_ranges(where))
-        _note_opened()  # the data source opens its readers on these reads
+        note_opened()  # the data source opens its readers on these reads
         try:
             for shard in {s for s, _ in where} - self._checked:
                 self._open_shard(shard)
@@ -417,10 +253,6 @@ class ArrayRecordReader:
                 )
         return out
 
-    def item(self, index: int) -> RawItem:
-        """The raw bytes of global record ``index``."""
-        return only_item(self.items([index]))
-
     def _read_one(self, index: int, shard: int, position: int) -> bytes | Exception:
         try:
             return with_retries(lambda: self.source[index], self.urls[shard], any_error=self.remote)  # type: ignore[no-any-return]
@@ -432,11 +264,6 @@ class ArrayRecordReader:
                 url=self.urls[shard],
                 key=f"{os.path.basename(self.urls[shard])}:{position}",
             )
-
-    def iter_shard(self, shard: int) -> Any:
-        """The raw records of one shard in order (the stream view of a random-access source)."""
-        for index in range(self.offsets[shard], self.offsets[shard + 1]):
-            yield self.item(index)
 
     def _open_shard(self, shard: int) -> None:
         # The data source opens the shard's reader on its first read; open it here to say which shard
@@ -457,7 +284,7 @@ class ArrayRecordReader:
         except (ShardError, FileNotFoundError):
             raise
         except (RuntimeError, ValueError, OSError):  # the data source's own open failed: _open says why, naming it
-            _open(url).close()
+            open_shard(url).close()
             raise
         check_declared([url], [self.counts[shard]], [int(reader.num_records())], kind="ArrayRecord shard ")
         self._checked.add(shard)
@@ -496,3 +323,46 @@ def _label(raw: bytes) -> int:
     if len(raw) in (4, 8):
         return int.from_bytes(raw, "little", signed=True)
     raise ValueError(f"label {raw!r} is neither an integer text nor a little-endian int")
+
+
+def _contract(plan: Plan) -> list[str]:
+    record = plan.record
+    lines = ["Each shard is an ArrayRecord file; a record is one sample."]
+    if record.layout == "packed":
+        lines.append(
+            "A record is a packed dict: for each entry a little-endian uint32 key length, the utf-8 key, "
+            f"a uint32 value length and the value; key {record.image!r} holds the encoded image"
+            + (f", {record.caption!r} the utf-8 caption" if record.caption else "")
+            + (f", {record.key!r} the sample id" if record.key else "")
+            + "."
+        )
+    elif record.layout == "pre_resized":
+        lines.append(
+            "A record is a packed dict with 'image' (raw uint8 HxWx3), 'shape' (two little-endian int32: H, W), "
+            "'caption' (utf-8) and optionally 'label'."
+        )
+    elif record.layout == "tf_example":
+        image = record.image if record.image != "jpg" else "image"
+        lines.append(
+            "A record is a serialized tf.train.Example, as `tfds build --file_format=array_record` writes it: "
+            f"feature {image!r} the encoded image, {(record.label or 'label')!r} the label, "
+            f"{(record.key or 'file_name')!r} the key"
+            + (f", {record.caption!r} the caption" if record.caption else "")
+            + "."
+        )
+        lines.append(
+            "Without totals.per_shard, the shard lengths come from dataset_info.json beside the shards; "
+            "class names from loading.captions.class_names, else label.labels.txt beside the shards."
+        )
+    else:
+        lines.append("A record is one encoded image, with no caption.")
+    return lines
+
+
+FORMAT = Format(
+    ArrayRecordReader,
+    "random",
+    ("packed", "pre_resized", "single", "tf_example"),
+    _contract,
+    hint="array_record shards need array-record: pip install array-record",
+)

@@ -26,16 +26,19 @@ import itertools
 import posixpath
 import struct
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem, check_declared, only_item
+from datacat.formats import RawItem, check_declared
 from datacat.formats.storage import object_size, open_url, read_ranges
-from datacat.resolve import Plan
+from datacat.registry import Format
 
-__all__ = ["EmbeddingTableReader", "npy_header"]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from datacat.resolve import Plan
+
+__all__ = ["FORMAT", "EmbeddingTableReader", "npy_header"]
 
 _HEAD = 4096
 """Bytes read for a ``.npy`` header: enough for any header numpy writes for a 2-d array."""
@@ -43,6 +46,8 @@ _HEAD = 4096
 
 def npy_header(head: bytes, url: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
     """(shape, dtype, data offset) of a ``.npy`` file from its first bytes; refuses pickled (object) arrays."""
+    import numpy as np
+
     if head[:6] != b"\x93NUMPY":
         raise ShardError(f"{url} is not a .npy file (no NUMPY magic); re-write it with numpy.save", url=url)
     major = head[6]
@@ -70,9 +75,11 @@ def npy_header(head: bytes, url: str) -> tuple[tuple[int, ...], np.dtype[Any], i
 class EmbeddingTableReader:
     """Rows of an entry's embedding tables by index: this split's rows only, shards in order."""
 
-    random_access = True
+    random_access: Literal[True] = True
 
     def __init__(self, plan: Plan) -> None:
+        import numpy as np
+
         if plan.prior is None:
             raise ShardError(f"{plan.name}: an embedding_table entry needs its prior section")
         self.name, self.prior = plan.name, plan.prior
@@ -223,12 +230,10 @@ class EmbeddingTableReader:
             out.append(RawItem(f"{self.shards[shard]}:{row}", self.images[shard], index, (image, text, caption)))
         return out
 
-    def item(self, index: int) -> RawItem:
-        """The row at ``index``."""
-        return only_item(self.items([index]))
-
     def parse(self, item: RawItem) -> dict[str, Any]:
         """The record of one row: its embeddings as float32 and its caption; an all-zero image row is refused."""
+        import numpy as np
+
         image, text, caption = item.payload
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
         out["image_embedding"] = np.frombuffer(image, dtype=self.dtype).astype(np.float32)
@@ -238,3 +243,39 @@ class EmbeddingTableReader:
             out["text_embedding"] = np.frombuffer(text, dtype=self.dtype).astype(np.float32)
         out["caption"] = caption
         return out
+
+
+def _names_a_number(shard: str) -> bool:
+    return not shard.lower().endswith(
+        (".jpg", ".jpeg", ".png", ".webp", ".tar", ".csv", ".tsv", ".parquet", ".array_record", ".npy")
+    )
+
+
+def _contract(plan: Plan) -> list[str]:
+    prior = plan.prior
+    if prior is None:
+        return []
+    lines = [
+        f"Shard N is img_emb/img_emb_N.npy, a plain (never pickled) {prior.dtype} array [rows, {prior.dim}]"
+        + (", text_emb/text_emb_N.npy of the same shape" if prior.text else "")
+        + (", and metadata/metadata_N.parquet with a caption column" if prior.captions else "")
+        + ": row-aligned, as clip-retrieval writes them. A row whose image embedding is all zeros is a bad sample."
+    ]
+    if prior.validation_rows is not None:
+        lo, hi = prior.validation_rows
+        lines.append(f"Global rows [{lo:,}, {hi:,}) are the validation split; training reads every other row.")
+    return lines
+
+
+FORMAT = Format(
+    EmbeddingTableReader,
+    "random",
+    ("rows",),
+    _contract,
+    needs=("location", "prior"),
+    sections=("prior",),
+    names_a_shard=_names_a_number,
+    shards_are='its shards are file numbers, e.g. shards: "{0000..0009}" for img_emb/img_emb_0000.npy ...',
+    rows=True,
+    hint="Embedding tables need numpy and pyarrow: pip install 'datacat[images,parquet]'",
+)

@@ -12,28 +12,34 @@ import io
 import posixpath
 import re
 from collections.abc import Iterator
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem
 from datacat.formats.storage import read_bytes
-from datacat.formats.webdataset import WebDatasetReader
-from datacat.resolve import Plan
+from datacat.formats.webdataset import TarStream
+from datacat.registry import Format
 
-__all__ = ["EmbeddingsReader"]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from datacat.resolve import Plan
+
+__all__ = ["FORMAT", "EmbeddingsReader"]
 
 
 class EmbeddingsReader:
-    """Samples of the aligned image shards, each with its ``embedding`` row."""
+    """Samples of the aligned image shards, each with its ``embedding`` row: a stream reader."""
+
+    random_access: Literal[False] = False
+    counts: tuple[int, ...] = ()
 
     def __init__(self, plan: Plan) -> None:
         if plan.images is None or plan.embeddings is None:
             raise ShardError(f"{plan.name}: an embeddings entry needs embeddings.images, the entry of its tar shards")
         self.name = plan.name
         self.spec = plan.embeddings
-        self.images = WebDatasetReader(plan.images, index=False)  # read shard by shard, aligned with the files
+        self.images = TarStream(plan.images)  # read shard by shard, aligned with the files
         self.storage_options = dict(plan.storage_options)
         self.files = {self._number(s.name, self.spec.prefix): s.url for s in plan.shards}
         # Shard i of this entry (its records counted in plan.shards[i]) is read from tar shard i: they must pair up.
@@ -74,6 +80,8 @@ class EmbeddingsReader:
                 raise ShardError(
                     f"{self.name}: no embedding file for image shard {number} ({self.spec.prefix}{number:0{self.spec.shard_width}d}.npy)"
                 )
+            import numpy as np
+
             array = np.load(io.BytesIO(read_bytes(url, self.storage_options)), allow_pickle=False)
             if array.ndim != 2 or array.shape[1] != self.spec.dim:
                 raise ShardError(
@@ -98,3 +106,19 @@ class EmbeddingsReader:
             raise ValueError(f"key {item.key!r} names row {row}, but the shard's embedding file has {len(table)} rows")
         record["embedding"] = table[row]
         return record
+
+
+def _contract(plan: Plan) -> list[str]:
+    emb = plan.embeddings
+    if emb is None:
+        return []
+    return [
+        f"Shard N of {emb.images or 'the image entry'} has a file {emb.prefix}"
+        f"{'N'.zfill(emb.shard_width)}.npy of shape [records, {emb.dim}], dtype {emb.dtype}.",
+        f"A record key's first {emb.shard_width} digits are its shard number and the rest its row in that file.",
+    ]
+
+
+FORMAT = Format(
+    EmbeddingsReader, "stream", ("members",), _contract, needs=("location", "embeddings"), sections=("embeddings",)
+)

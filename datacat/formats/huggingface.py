@@ -23,14 +23,17 @@ import bisect
 import itertools
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem, check_declared, only_item, record_caption
+from datacat.formats import RawItem, check_declared, record_caption
 from datacat.formats.storage import read_bytes
-from datacat.resolve import Plan
+from datacat.registry import Format
 
-__all__ = ["HuggingFaceReader", "hub_id"]
+if TYPE_CHECKING:
+    from datacat.resolve import Plan
+
+__all__ = ["FORMAT", "HuggingFaceReader", "hub_id"]
 
 HUB = "hf://datasets/"
 
@@ -50,7 +53,7 @@ def hub_id(root: str) -> tuple[str, str | None, str | None] | None:
 class HuggingFaceReader:
     """Rows of one or more splits of a Hugging Face dataset, by global index, splits in plan order."""
 
-    random_access = True
+    random_access: Literal[True] = True
 
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
@@ -94,10 +97,6 @@ class HuggingFaceReader:
             )
             for index, (part, position) in zip(indices, where, strict=True)
         ]
-
-    def item(self, index: int) -> RawItem:
-        """The row at global ``index``."""
-        return only_item(self.items([index]))
 
     def parse(self, item: RawItem) -> dict[str, Any]:
         """The record of one row: its undecoded image, caption (``caption`` or ``text`` unless named), label, key."""
@@ -166,3 +165,24 @@ def _load(root: str, split: str, image_column: str) -> Any:
     if isinstance(part.features[image_column], datasets.Image):
         part = part.cast_column(image_column, datasets.Image(decode=False))
     return part
+
+
+def _contract(plan: Plan) -> list[str]:
+    record = plan.record
+    column = record.image if record.image not in (None, "jpg") else "image"
+    text = f"column {record.caption!r}" if record.caption not in (None, "txt") else "column 'caption' or 'text'"
+    return [
+        "The location is a Hugging Face hub dataset (hf://datasets/owner/name[@revision], path: its config) "
+        "or a local folder of parquet files; each shard name is a split, loaded through `datasets` "
+        f"(HF_HUB_OFFLINE=1 reads only the local cache). Images from column {column!r}, decoded by datacat"
+        + (f"; captions from {text}." if record.caption is not None else "; no captions.")
+    ]
+
+
+FORMAT = Format(
+    HuggingFaceReader,
+    "random",
+    ("rows",),
+    _contract,
+    hint="Hugging Face datasets need the datasets library: pip install 'datacat[hf]'",
+)

@@ -12,14 +12,17 @@ import csv
 import io
 import posixpath
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, only_item, record_caption
+from datacat.formats import RawItem, record_caption
 from datacat.formats.storage import read_bytes, read_many
-from datacat.resolve import Plan
+from datacat.registry import Format
 
-__all__ = ["ImageListReader", "read_table"]
+if TYPE_CHECKING:
+    from datacat.resolve import Plan
+
+__all__ = ["FORMAT", "ImageListReader", "read_table"]
 
 
 def read_table(url: str, storage_options: dict[str, Any], columns: list[str]) -> list[dict[str, Any]]:
@@ -53,7 +56,7 @@ def read_table(url: str, storage_options: dict[str, Any], columns: list[str]) ->
 class ImageListReader:
     """Images named by table rows, by global index over all tables in plan order."""
 
-    random_access = True
+    random_access: Literal[True] = True
 
     def __init__(self, plan: Plan) -> None:
         self.name = plan.name
@@ -63,9 +66,12 @@ class ImageListReader:
             raise ShardError(f"{plan.name}: an image_list entry needs record.image, the column of image paths")
         columns = [c for c in (plan.record.image, plan.record.caption, plan.record.label) if c]
         self.rows: list[tuple[str, int, dict[str, Any]]] = []
+        counts = []
         for shard in plan.shards:
             table = read_table(shard.url, self.storage_options, columns)
             self.rows += [(shard.url, i, row) for i, row in enumerate(table)]
+            counts.append(len(table))
+        self.counts = tuple(counts)
 
     def __repr__(self) -> str:
         return f"ImageListReader({self.name!r}, rows={len(self.rows)})"
@@ -92,10 +98,6 @@ class ImageListReader:
             out.append(data if isinstance(data, Exception) else RawItem(key, table, index, (row, data)))
         return out
 
-    def item(self, index: int) -> RawItem:
-        """Row ``index`` of the tables, with its image."""
-        return only_item(self.items([index]))
-
     def _path(self, table: str, row: dict[str, Any]) -> str | None:
         path = row.get(str(self.record.image))
         if not path:
@@ -113,3 +115,26 @@ class ImageListReader:
         if record.label and row.get(record.label) is not None:
             out["label"] = int(row[record.label])
         return out
+
+
+def _names_a_table(shard: str) -> bool:
+    return shard.lower().endswith((".csv", ".tsv", ".parquet"))
+
+
+def _contract(plan: Plan) -> list[str]:
+    record = plan.record
+    return [
+        f"A CSV, TSV or parquet table with image paths in column {record.image!r}"
+        + (f" and captions in {record.caption!r}." if record.caption else ".")
+    ]
+
+
+FORMAT = Format(
+    ImageListReader,
+    "random",
+    ("table",),
+    _contract,
+    names_a_shard=_names_a_table,
+    shards_are="its shards are tables (.csv, .tsv or .parquet) with a column of image paths, e.g. shards: images.csv",
+    counted="at_open",
+)

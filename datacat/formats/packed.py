@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["pack_record", "unpack_pre_resized", "unpack_record"]
 
@@ -73,4 +75,6 @@ def unpack_pre_resized(entries: Mapping[str, bytes]) -> np.ndarray:
     height, width = struct.unpack("<ii", entries["shape"])
     if height <= 0 or width <= 0 or height * width * 3 != len(entries["image"]):
         raise ValueError(f"pre_resized 'image' has {len(entries['image'])} bytes, shape says {height}x{width}x3")
+    import numpy as np  # imported where a shard is read: describing an entry needs none
+
     return np.frombuffer(entries["image"], dtype=np.uint8).reshape(height, width, 3)

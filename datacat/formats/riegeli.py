@@ -22,11 +22,12 @@ not decode.
 from __future__ import annotations
 
 import struct
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from datacat.formats.wire import fields, varint
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["BLOCK", "ChunkIndex", "Unsupported", "decode_chunk", "read_index", "tail_size"]
 
@@ -46,6 +47,8 @@ class ChunkIndex:
     """Where each chunk of one shard starts and how many records it holds; ``ends[i]`` is where chunk i stops."""
 
     def __init__(self, starts: np.ndarray, records: np.ndarray, footer: int) -> None:
+        import numpy as np  # numpy is imported where a shard is read: describing an entry needs none
+
         self.starts = starts
         self.records = records
         self.ends = np.append(starts[1:], footer)
@@ -56,17 +59,19 @@ class ChunkIndex:
 
     def locate(self, position: int) -> tuple[int, int]:
         """(chunk, record within it) of the shard's record ``position``."""
-        chunk = int(np.searchsorted(self.first, position, side="right")) - 1
+        chunk = int(self.first.searchsorted(position, side="right")) - 1
         return chunk, position - int(self.first[chunk])
 
     def to_array(self) -> np.ndarray:
         """int64 [chunks + 1, 2]: (start, records) per chunk, then (footer offset, 0)."""
+        import numpy as np
+
         rows = np.stack([self.starts, self.records], axis=1)
         return np.concatenate([rows, [[self.ends[-1] if len(self.ends) else 0, 0]]]).astype(np.int64)
 
     @classmethod
     def from_array(cls, array: np.ndarray) -> ChunkIndex:
-        return cls(np.asarray(array[:-1, 0]), np.asarray(array[:-1, 1]), int(array[-1, 0]))
+        return cls(array[:-1, 0], array[:-1, 1], int(array[-1, 0]))
 
 
 def tail_size(size: int) -> int:
@@ -106,6 +111,8 @@ def read_index(tail: bytes, size: int, more: bytes = b"") -> ChunkIndex:
             raise ValueError("a footer entry has no chunk offset")
         starts.append(entry[1])
         counts.append(entry.get(3, 0))
+    import numpy as np
+
     return ChunkIndex(np.array(starts, dtype=np.int64), np.array(counts, dtype=np.int64), footer)
 
 

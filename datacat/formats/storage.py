@@ -17,13 +17,11 @@ import logging
 import os
 import random
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, TypeVar
-
-import fsspec
-from fsspec.exceptions import FSTimeoutError
 
 from datacat.errors import BackendUnavailable, ShardError, storage_failure
 from datacat.limits import connect_timeout, deadline, read_timeout
@@ -122,9 +120,7 @@ def with_retries(read: Callable[[], T], url: str, *, any_error: bool = False) ->
         except Exception as exc:  # sorted below: only transient errors are retried, the rest re-raised as they are
             if isinstance(exc, FileNotFoundError):
                 raise _not_found(url) from None
-            if isinstance(exc, FSTimeoutError) or (
-                transient(exc) and time.monotonic() - started + delay >= limit and is_remote(url)
-            ):
+            if _fs_timeout(exc) or (transient(exc) and time.monotonic() - started + delay >= limit and is_remote(url)):
                 raise too_slow(url, limit) from None
             if not (transient(exc) or (any_error and not isinstance(exc, ShardError))):
                 if isinstance(exc, ShardError) or not storage_failure(exc):
@@ -183,8 +179,16 @@ def _count_client_retries() -> None:
     client.setLevel(logging.DEBUG)
 
 
+def _fs_timeout(exc: BaseException) -> bool:
+    # fsspec's own deadline error; fsspec is imported with the first filesystem, so none exists before.
+    exceptions = sys.modules.get("fsspec.exceptions")
+    return exceptions is not None and isinstance(exc, exceptions.FSTimeoutError)
+
+
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """The fsspec filesystem and path of ``url``; a client that cannot be made is a ShardError naming the URL."""
+    import fsspec  # imported with the first read: validating and describing an entry reads nothing
+
     options = dict(storage_options or {})
     if url.startswith(("gs://", "gcs://")):
         options.setdefault("requests_timeout", read_timeout())  # each HTTP request of a streamed read, too
@@ -264,10 +268,12 @@ def object_size(url: str, storage_options: Mapping[str, Any] | None = None) -> i
         except FileNotFoundError:
             raise _not_found(url) from None
     fs, path = filesystem(url, storage_options)
+    from fsspec.asyn import sync
+
     get_object = getattr(fs, "_get_object", None)  # gcsfs: the object's metadata alone (its info() lists too)
     if get_object is None:
         return int(with_retries(lambda: fs.info(path, **deadline(fs))["size"], url))
-    return int(with_retries(lambda: fsspec.asyn.sync(fs.loop, get_object, path, **deadline(fs))["size"], url))
+    return int(with_retries(lambda: sync(fs.loop, get_object, path, **deadline(fs))["size"], url))
 
 
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
@@ -301,6 +307,8 @@ def read_ranges(
     if not remote:
         return out
     fs, _ = filesystem(requests[remote[0]][0], storage_options)
+    from fsspec.exceptions import FSTimeoutError
+
     pending = remote
     global _retries
     delay = 0.1

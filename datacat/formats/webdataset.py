@@ -22,17 +22,23 @@ import tarfile
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
-
-import numpy as np
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from datacat.errors import RecordError, ShardError
-from datacat.formats import RawItem, check_declared, only_item, record_caption
+from datacat.formats import RawItem, check_declared, record_caption
 from datacat.formats.storage import is_remote, open_url, read_ranges
 from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
-from datacat.resolve import Plan
+from datacat.registry import Format
+from datacat.schema import Record
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from datacat.resolve import Plan
 
 __all__ = [
+    "FORMAT",
+    "TarStream",
     "WebDatasetReader",
     "check_archive_end",
     "decode_member",
@@ -147,6 +153,8 @@ def member_spans(stream: IO[bytes], url: str, *, seekable: bool = False) -> tupl
     the sample. A compressed shard has no byte spans (it cannot be read by
     range): it gives an empty array and True.
     """
+    import numpy as np
+
     head = stream.read(2)
     if head[:2] == b"\x1f\x8b":
         return np.zeros((0, 2), np.int64), True
@@ -287,6 +295,7 @@ def group_by_key(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[tup
 
 def decode_member(ext: str, data: bytes) -> tuple[str, Any]:
     """(extension without .gz, value) of one member: text, json, class index, array, or the bytes."""
+
     if ext.endswith(".gz"):
         try:
             data = gzip.decompress(data)
@@ -302,93 +311,104 @@ def decode_member(ext: str, data: bytes) -> tuple[str, Any]:
         if last in ("cls", "cls2", "index"):
             return ext, int(data.decode("ascii").strip())
         if last == "npy":
+            import numpy as np
+
             return ext, np.load(io.BytesIO(data), allow_pickle=False)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ValueError(f"member .{ext} cannot be decoded: {exc}") from None
     return ext, data
 
 
-class WebDatasetReader:
-    """Samples of webdataset tar shards: by global index through each shard's member spans, or shard by shard.
+def parse_sample(record: Record, item: RawItem) -> dict[str, Any]:
+    """The record of one tar sample: its members decoded and mapped by the entry's record layout."""
+    members = dict(decode_member(ext, data) for ext, data in item.payload.items())
+    out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
+    out["image"] = members.get(record.image) if record.image else None
+    out["caption"] = record_caption(members, (record.caption,)) if record.caption else None
+    if record.label:
+        out["label"] = members.get(record.label)
+    if record.key and record.key in members:
+        out["__key__"] = str(members[record.key])
+    if record.embedding:
+        out["embedding"] = members.get(record.embedding)
+    out["members"] = members
+    return out
 
-    Opening indexes every shard not yet in the cache's manifest (in
-    parallel, each shard read once in large blocks) so that a sample is one
-    byte range: tars are then random access like ArrayRecord, shuffled
-    record by record. A gzip-compressed shard cannot be read by range; an
-    entry with one is read shard by shard (``random_access`` False).
+
+class TarStream:
+    """Samples of tar shards, shard by shard in the order of each tar: a :class:`~datacat.formats.StreamReader`.
+
+    The reader of an entry with a gzip-compressed shard (which cannot be read
+    by range), and of the image tars an ``embeddings`` entry pairs with its
+    files. ``index_shard`` reads one shard's member spans for the index.
     """
 
-    def __init__(self, plan: Plan, *, index: bool = True) -> None:
+    random_access: Literal[False] = False
+
+    def __init__(self, plan: Plan, counts: Sequence[int] = ()) -> None:
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
         self.names = tuple(s.name for s in plan.shards)
         self.record = plan.record
         self.storage_options = dict(plan.storage_options)
-        self.declared = tuple(s.samples for s in plan.shards)
-        self.manifest_key = plan.manifest
         self.block_size = int(plan.loading.read_ahead)
-        self.index_files: tuple[str, ...] = ()
-        self.counts: tuple[int, ...] = ()
-        self.offsets: tuple[int, ...] = ()
-        self._spans: dict[int, np.ndarray] = {}
-        if index and self.urls:
-            self._index()
-
-    @property
-    def random_access(self) -> bool:
-        """Whether samples are read by index (every shard is a plain, indexed tar)."""
-        return bool(self.index_files)
+        self.counts = tuple(counts)
 
     def __repr__(self) -> str:
-        return f"WebDatasetReader({self.name!r}, shards={len(self.urls)}, {'indexed' if self.random_access else 'streamed'})"
+        return f"TarStream({self.name!r}, shards={len(self.urls)})"
+
+    def iter_shard(self, shard: int) -> Iterator[RawItem]:
+        """The raw samples of shard ``shard``, in the order of the tar."""
+        url = self.urls[shard]
+        with open_url(url, self.storage_options, block_size=self.block_size) as stream:
+            for position, (key, fields) in enumerate(group_by_key(tar_members(stream, url), url)):
+                yield RawItem(key, url, (shard << 32) | position, fields)
+
+    def index_shard(self, shard: int) -> ShardFacts:
+        """Shard ``shard``'s facts: its samples and size, and its member spans saved in the cache (plain tars)."""
+        url = self.urls[shard]
+        with open_url(url, self.storage_options, block_size=self.block_size) as stream:
+            size = int(stream.size) if hasattr(stream, "size") else os.fstat(stream.fileno()).st_size
+            spans, compressed = member_spans(stream, url, seekable=not is_remote(url))
+        if compressed:
+            records = sum(1 for _ in self.iter_shard(shard))
+            return ShardFacts(self.names[shard], records, url=url, bytes=size, compressed=True)
+        index_file = save_index("tar-index", spans, url)
+        return ShardFacts(self.names[shard], len(spans), url=url, bytes=size, index=index_file)
+
+    def parse(self, item: RawItem) -> dict[str, Any]:
+        """The record of one sample (:func:`parse_sample`)."""
+        return parse_sample(self.record, item)
+
+
+class WebDatasetReader:
+    """Samples of plain tar shards by global index, through each shard's member spans: a random-access reader.
+
+    Made by :func:`open_tars` once every shard is indexed (from the cache's
+    manifest, or read now), so that a sample is one byte range: tars are then
+    random access like ArrayRecord, shuffled record by record.
+    """
+
+    random_access: Literal[True] = True
+
+    def __init__(self, plan: Plan, facts: Sequence[ShardFacts]) -> None:
+        self.name = plan.name
+        self.urls = tuple(s.url for s in plan.shards)
+        self.record = plan.record
+        self.storage_options = dict(plan.storage_options)
+        self.counts = tuple(f.records for f in facts)
+        self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
+        self.index_files = tuple(str(f.index) for f in facts)
+        self._spans: dict[int, np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return f"WebDatasetReader({self.name!r}, shards={len(self.urls)}, samples={len(self)})"
 
     def __len__(self) -> int:
         return self.offsets[-1]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_spans": {}}  # workers map the index files themselves
-
-    def _index(self) -> None:
-        manifest = load_manifest(self.manifest_key) or Manifest(self.manifest_key, self.name, "", {})
-        todo = [
-            i
-            for i, name in enumerate(self.names)
-            if (facts := manifest.shards.get(name)) is None
-            or facts.url != self.urls[i]
-            or (facts.index is None and not facts.compressed)
-            or (facts.index is not None and not (_index_dir() / facts.index).is_file())
-        ]
-        if todo:
-            log.info("%s: indexing %d tar shard(s) (once; cached in %s)", self.name, len(todo), cache_dir())
-            with concurrent.futures.ThreadPoolExecutor(min(16, len(todo))) as pool:
-                for i, facts in zip(todo, pool.map(self._index_shard, todo), strict=True):
-                    manifest.shards[self.names[i]] = facts
-            ordered = {n: manifest.shards[n] for n in self.names}
-            ordered.update({n: f for n, f in manifest.shards.items() if n not in ordered})
-            manifest.shards = ordered
-            try:
-                save_manifest(manifest)
-            except OSError as exc:  # a read-only cache costs the index again next time, nothing else
-                log.warning("cannot write the tar index manifest to %s: %s", cache_dir(), exc)
-        known = [manifest.shards[n] for n in self.names]
-        check_declared(
-            self.urls, self.declared, [f.records for f in known], kind="tar shard ", holds="holds {} samples"
-        )
-        self.counts = tuple(f.records for f in known)
-        self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
-        if not any(f.compressed for f in known):
-            self.index_files = tuple(str(f.index) for f in known)
-
-    def _index_shard(self, i: int) -> ShardFacts:
-        url = self.urls[i]
-        with open_url(url, self.storage_options, block_size=self.block_size) as stream:
-            size = int(stream.size) if hasattr(stream, "size") else os.fstat(stream.fileno()).st_size
-            spans, compressed = member_spans(stream, url, seekable=not is_remote(url))
-        if compressed:
-            records = sum(1 for _ in self.iter_shard(i))
-            return ShardFacts(self.names[i], records, url=url, bytes=size, compressed=True)
-        index_file = save_index("tar-index", spans, url)
-        return ShardFacts(self.names[i], len(spans), url=url, bytes=size, index=index_file)
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, position in shard) of global sample ``index``."""
@@ -400,6 +420,8 @@ class WebDatasetReader:
     def _span(self, shard: int, position: int) -> tuple[int, int]:
         spans = self._spans.get(shard)
         if spans is None:
+            import numpy as np
+
             spans = self._spans[shard] = np.load(_index_dir() / self.index_files[shard], mmap_mode="r")
         start, end = spans[position]
         return int(start), int(end)
@@ -423,29 +445,65 @@ class WebDatasetReader:
             out.append(RawItem(key, url, (shard << 32) | position, fields))
         return out
 
-    def item(self, index: int) -> RawItem:
-        """The raw sample at global ``index``."""
-        return only_item(self.items([index]))
-
-    def iter_shard(self, index: int) -> Iterator[RawItem]:
-        """The raw samples of shard ``index``, in the order of the tar."""
-        url = self.urls[index]
-        with open_url(url, self.storage_options, block_size=self.block_size) as stream:
-            for position, (key, fields) in enumerate(group_by_key(tar_members(stream, url), url)):
-                yield RawItem(key, url, (index << 32) | position, fields)
-
     def parse(self, item: RawItem) -> dict[str, Any]:
-        """The record of one sample: its members decoded and mapped by the entry's record layout."""
-        members = dict(decode_member(ext, data) for ext, data in item.payload.items())
-        record = self.record
-        out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
-        out["image"] = members.get(record.image) if record.image else None
-        out["caption"] = record_caption(members, (record.caption,)) if record.caption else None
-        if record.label:
-            out["label"] = members.get(record.label)
-        if record.key and record.key in members:
-            out["__key__"] = str(members[record.key])
-        if record.embedding:
-            out["embedding"] = members.get(record.embedding)
-        out["members"] = members
-        return out
+        """The record of one sample (:func:`parse_sample`)."""
+        return parse_sample(self.record, item)
+
+
+def open_tars(plan: Plan) -> WebDatasetReader | TarStream:
+    """The reader of a webdataset entry: by index once every shard is indexed, else (a gzip shard) shard by shard.
+
+    Indexes every shard not yet in the cache's manifest, in parallel, each
+    read once in large blocks; checks each shard's samples against the
+    entry's ``per_shard``.
+    """
+    stream = TarStream(plan)
+    if not plan.shards:
+        return stream
+    manifest = load_manifest(plan.manifest) or Manifest(plan.manifest, plan.name, "", {})
+    todo = [
+        i
+        for i, shard in enumerate(plan.shards)
+        if (facts := manifest.shards.get(shard.name)) is None
+        or facts.url != shard.url
+        or (facts.index is None and not facts.compressed)
+        or (facts.index is not None and not (_index_dir() / facts.index).is_file())
+    ]
+    if todo:
+        log.info("%s: indexing %d tar shard(s) (once; cached in %s)", plan.name, len(todo), cache_dir())
+        with concurrent.futures.ThreadPoolExecutor(min(16, len(todo))) as pool:
+            for i, facts in zip(todo, pool.map(stream.index_shard, todo), strict=True):
+                manifest.shards[plan.shards[i].name] = facts
+        ordered = {s.name: manifest.shards[s.name] for s in plan.shards}
+        ordered.update({n: f for n, f in manifest.shards.items() if n not in ordered})
+        manifest.shards = ordered
+        try:
+            save_manifest(manifest)
+        except OSError as exc:  # a read-only cache costs the index again next time, nothing else
+            log.warning("cannot write the tar index manifest to %s: %s", cache_dir(), exc)
+    known = [manifest.shards[s.name] for s in plan.shards]
+    check_declared(
+        stream.urls,
+        [s.samples for s in plan.shards],
+        [f.records for f in known],
+        kind="tar shard ",
+        holds="holds {} samples",
+    )
+    if any(f.compressed for f in known):
+        return TarStream(plan, counts=[f.records for f in known])
+    return WebDatasetReader(plan, known)
+
+
+def _contract(plan: Plan) -> list[str]:
+    record = plan.record
+    return [
+        "Each shard is a tar file, plain or gzip-compressed (detected from its bytes).",
+        "Members of one sample are adjacent and share a key: the path up to the first dot of the file name.",
+        f"The image is the member with extension .{record.image}"
+        + (f", the caption .{record.caption} (utf-8)" if record.caption else "")
+        + (f", the label .{record.label} (an integer)" if record.label else "")
+        + ".",
+    ]
+
+
+FORMAT = Format(open_tars, "indexed", ("members",), _contract)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from datacat.registry import format_of
 from datacat.resolve import Plan
 from datacat.transforms.augment import augment_image, image_augmentations, record_rng
 from datacat.transforms.captions import Tokenize, caption_from_label, class_names
@@ -116,6 +117,6 @@ class EmbeddingRowTransform:
 
 def transform_for(plan: Plan, *, tokenize: Tokenize | None = None) -> ImageTransform | EmbeddingRowTransform:
     """The transform of ``plan``'s records: images, or the rows of embedding tables."""
-    if plan.format == "embedding_table":
+    if format_of(plan.format).rows:
         return EmbeddingRowTransform(plan, tokenize=tokenize)
     return ImageTransform(plan, tokenize=tokenize)
