@@ -429,20 +429,46 @@ def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None
     click.echo(f"totals:\n  shards: {len(counts)}\n  samples: {sum(counts)}\n  per_shard: {{{shards}}}")
 
 
-@main.command()
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("name")
 @click.option("--deep", is_flag=True, help="Also read and decode every record; report each bad one with shard and key.")
+@click.option(
+    "--runner",
+    default=None,
+    help="Run the deep check as a Beam job on this runner (DirectRunner, DataflowRunner, ...); Beam's flags follow.",
+)
+@click.option("--workers", default=None, type=click.IntRange(min=1), help="DirectRunner processes (default: per core).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--root", default=None, help="Replace the entry's root.")
 @click.option("--threads", default=16, show_default=True, type=click.IntRange(min=1), help="Shards read at once.")
 @click.pass_context
 @_reports_errors
-def verify(ctx: click.Context, name: str, deep: bool, as_json: bool, root: str | None, threads: int) -> None:
-    """Check NAME's shards against storage (absent, unexpected, counts, bytes) and write its manifest; exit 1 on any mismatch."""
+def verify(
+    ctx: click.Context,
+    name: str,
+    deep: bool,
+    runner: str | None,
+    workers: int | None,
+    as_json: bool,
+    root: str | None,
+    threads: int,
+) -> None:
+    """Check NAME's shards against storage (absent, unexpected, counts, bytes) and write its manifest; exit 1 on any mismatch.
+
+    With --deep --runner R, every record is read and decoded by a Beam job on R (Beam's flags may follow).
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     _readers_installed("verify")
     from datacat.verify import verify as verify_entry
+
+    if (runner or workers or ctx.args) and not deep:
+        raise OptionError("--runner, --workers and Beam's flags go with --deep: only the deep check is a Beam job")
+    beam_options = None
+    if runner or workers or ctx.args:
+        from datacat.cli_jobs import job_options
+
+        beam_options = job_options(runner, workers, list(ctx.args))
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
@@ -454,7 +480,15 @@ def verify(ctx: click.Context, name: str, deep: bool, as_json: bool, root: str |
                 tasks[stage] = progress.add_task(f"{stage} {name}", total=total)
             progress.update(tasks[stage], completed=done, total=total)
 
-        report = verify_entry(name, catalog=_catalog(ctx), root=root, deep=deep, threads=threads, progress=advance)
+        report = verify_entry(
+            name,
+            catalog=_catalog(ctx),
+            root=root,
+            deep=deep,
+            threads=threads,
+            progress=advance,
+            beam_options=beam_options,
+        )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -500,3 +534,7 @@ def schema() -> None:
         "$defs": {**defs, "Entry": body},
     }
     click.echo(json.dumps(doc, indent=2))
+
+
+# The Beam jobs' commands (convert, embed) register themselves on `main`; Beam is imported when one runs.
+from datacat import cli_jobs  # noqa: E402, F401

@@ -82,6 +82,7 @@ def verify(
     deep: bool = False,
     threads: int = 16,
     progress: Progress | None = None,
+    beam_options: Any = None,
 ) -> Report:
     """Checks one entry's shards against storage and writes their manifest.
 
@@ -90,6 +91,8 @@ def verify(
         catalog: The catalog to look in; default the built-in one plus ``$DATACAT_CATALOG``.
         root: Replaces the entry's root, as in :func:`datacat.resolve`.
         deep: Also read and decode every record, reporting each bad one with shard and key.
+        beam_options: Beam pipeline options: the deep check runs as a Beam job on their runner
+            (:mod:`datacat.beam.verify`), one shard per unit of work; the rest is the same.
         threads: Shards counted at once.
         progress: Called with (stage, done, total).
     """
@@ -114,7 +117,7 @@ def verify(
     declared = {s.name: s.samples for s in plan.shards} if entry.totals.per_shard else {}
     absent = [s.name for s in shards if s.name not in listing]
     present_but_missing = sorted(n for n in declared_missing if n in listing)
-    unexpected = sorted(n for n in listing if n not in named)
+    unexpected = sorted(n for n in listing if n not in named and not _beside(n))
     problems = [f"shard {n} is named by the entry but absent from {plan.root}" for n in absent]
     problems += [
         f"shard {n} is declared missing but exists; remove it from location.missing" for n in present_but_missing
@@ -148,7 +151,13 @@ def verify(
     readable = [(s, f) for s, f in zip(found, facts, strict=True) if isinstance(f, ShardFacts)]
     if deep and readable:
         shards_read, facts_read = zip(*readable, strict=True)
-        bad = _decode_all(plan, list(shards_read), list(facts_read), lambda done, total: say("decoded", done, total))
+        checked = _checked_plan(plan, list(shards_read), list(facts_read))
+        if beam_options is not None:
+            from datacat.beam.verify import bad_records_job
+
+            bad = bad_records_job(checked, beam_options)
+        else:
+            bad = _decode_all(checked, lambda done, total: say("decoded", done, total))
         problems += [f"bad record: {b}" for b in bad]
     manifest_path = None
     if not absent and not any(isinstance(f, BaseException) for f in facts):
@@ -233,6 +242,15 @@ def _count(
     return out
 
 
+_SIDECARS = (".json", ".jsonl", ".yaml", ".yml", ".txt", ".md")
+
+
+def _beside(name: str) -> bool:
+    """Whether a file is one kept beside shards, never a shard: a catalog entry, a report, TFDS's
+    dataset_info.json and label names, a hidden folder of unfinished writes."""
+    return name.startswith(".") or name.lower().endswith(_SIDECARS)
+
+
 def _md5(path: str) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     with open(path.removeprefix("file://"), "rb") as f:
@@ -241,24 +259,26 @@ def _md5(path: str) -> str:
     return digest.hexdigest()
 
 
-def _decode_all(
-    plan: Plan, shards: list[Shard], facts: list[ShardFacts], advance: Callable[[int, int], None]
-) -> list[BadSample]:
+def _checked_plan(plan: Plan, shards: list[Shard], facts: list[ShardFacts]) -> Plan:
+    """The plan of the shards found, with the counts found, read without augmentation."""
     counted = [f.records for f in facts]
-    checked = plan.model_copy(
+    return plan.model_copy(
         update={
             "shards": tuple(s.model_copy(update={"samples": n}) for s, n in zip(shards, counted, strict=True)),
             "glob": None,
             "loading": plan.loading.model_copy(update={"augmentation": "none"}),
         }
     )
+
+
+def _decode_all(checked: Plan, advance: Callable[[int, int], None]) -> list[BadSample]:
     source = SampleSource(checked)
     bad: list[BadSample] = []
-    total = sum(counted)
+    total = sum(s.samples or 0 for s in checked.shards)
     done = 0
-    for shard in range(len(shards)):
+    for shard in range(len(checked.shards)):
         bad += bad_records(source, shard)
-        done += counted[shard]
+        done += checked.shards[shard].samples or 0
         advance(done, total)
     return bad
 

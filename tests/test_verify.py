@@ -16,7 +16,8 @@ def _dataset(tmp_path: Path) -> Path:
     for shard, n in (("00", 4), ("01", 3), ("02", 4), ("04", 4)):  # 03 is absent, 01 is short
         bad = {f"{shard}x1"} if shard == "02" else set()
         make_tar(tmp_path / f"{shard}.tar", sample_members([f"{shard}x{i}" for i in range(n)], bad=bad))
-    (tmp_path / "notes.txt").write_text("not a shard")
+    (tmp_path / "notes.txt").write_text("kept beside the shards: not reported")
+    make_tar(tmp_path / "05-old.tar", sample_members(["old"]))  # a stray shard the entries do not name
     per_shard = ", ".join(f"{s}.tar: 4" for s in ("00", "01", "02", "03", "04"))
     path = tmp_path / "c.yaml"
     path.write_text(
@@ -32,7 +33,8 @@ def test_verify_finds_absent_short_unexpected_and_bad(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert "shard 03.tar is named by the entry but absent" in result.output
     assert "shard 01.tar: holds 3 records, the entry declares 4" in result.output
-    assert "notes.txt in" in result.output and "is not a shard the entry names" in result.output
+    assert "05-old.tar in" in result.output and "is not a shard the entry names" in result.output
+    assert "notes.txt" not in result.output and "c.yaml" not in result.output
     assert "bad record:" in result.output and "02.tar key 02x1" in result.output
     shallow = CliRunner().invoke(main, ["--catalog", str(catalog), "verify", "t", "--json"])
     report = json.loads(shallow.stdout)
@@ -46,7 +48,7 @@ def test_verify_writes_the_manifest_a_glob_entry_then_opens_from(tmp_path: Path,
     catalog = datacat.load_catalog([catalog_path])
     result = CliRunner().invoke(main, ["--catalog", str(catalog_path), "verify", "g", "--deep", "--json"])
     report = json.loads(result.stdout)
-    assert result.exit_code == 1 and report["unexpected"] == ["c.yaml", "notes.txt"]
+    assert result.exit_code == 1 and report["unexpected"] == ["05-old.tar"]
     assert report["problems"][-1].startswith("bad record:") and "02x1" in report["problems"][-1]
     assert report["manifest"] and Path(report["manifest"]).is_file()
     # After verify, the glob is not listed again: resolving sees the manifest's shards and counts.

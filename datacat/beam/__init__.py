@@ -1,0 +1,128 @@
+"""Jobs past one machine, as Apache Beam pipelines: ``convert``, ``embed`` and ``verify --deep``.
+
+The same pipeline runs on Beam's DirectRunner (several processes on one
+machine) and, unchanged, on Dataflow, Flink or Spark: the runner and its
+options are Beam's own command-line flags (``--runner DataflowRunner
+--project ... --region ... --temp_location gs://...``), passed through.
+
+Every job is split into units of work named by number (an output shard,
+an input shard) so that a unit's output depends on nothing but its number:
+a retried or duplicated bundle writes the same bytes again, under a
+temporary name first, committed by a rename (local) or a single upload (a
+bucket). Readers and user functions are built once per worker, in
+``DoFn.setup``, from a picklable :class:`~datacat.resolve.Plan`.
+
+Needs the ``beam`` extra: ``pip install 'datacat[beam]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from datacat.errors import BackendUnavailable
+from datacat.formats.storage import filesystem, is_remote
+
+# Beam's import warns through the root logger, which would set up logging for the whole process (and
+# print every later INFO line of its libraries); datacat's commands print their own progress.
+if not logging.getLogger().handlers:
+    logging.getLogger().addHandler(logging.NullHandler())
+logging.getLogger("apache_beam").setLevel(logging.WARNING)
+
+try:
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
+except ImportError as exc:  # pragma: no cover - the extra is installed in every test run
+    raise BackendUnavailable(
+        f"Beam jobs need Apache Beam: pip install 'datacat[beam]' ({exc.name} is not installed)"
+    ) from exc
+
+__all__ = ["NAMESPACE", "clear_scratch", "commit", "counter", "pipeline_options", "run", "scratch"]
+
+NAMESPACE = "datacat"
+"""The namespace of every counter a job keeps (records read, written, bad)."""
+
+
+def pipeline_options(args: Sequence[str] = (), *, workers: int | None = None) -> PipelineOptions:
+    """Beam's options from its command-line flags; the DirectRunner by default, on ``workers`` processes.
+
+    ``workers`` > 1 on the DirectRunner runs bundles in that many worker
+    processes (``direct_running_mode=multi_processing``); other runners
+    size themselves from their own flags.
+    """
+    options = PipelineOptions(list(args))
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in args):
+        options.view_as(WorkerOptions).default_sdk_harness_log_level = "WARNING"  # workers: problems only
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = "DirectRunner"
+    if workers is not None and standard.runner in ("DirectRunner", "direct"):
+        direct = options.view_as(DirectOptions)
+        direct.direct_num_workers = workers
+        direct.direct_running_mode = "multi_processing" if workers > 1 else "in_memory"
+    return options
+
+
+def counter(name: str) -> Any:
+    """A Beam counter in the datacat namespace (a DoFn increments it; ``run`` reports it)."""
+    return beam.metrics.Metrics.counter(NAMESPACE, name)
+
+
+def run(pipeline: beam.Pipeline) -> dict[str, int]:
+    """Runs ``pipeline`` to the end and returns its datacat counters, by name."""
+    result = pipeline.run()
+    result.wait_until_finish()
+    found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    totals: dict[str, int] = {}
+    for metric in found:
+        value = metric.committed if metric.committed is not None else metric.attempted
+        totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + int(value or 0)
+    return totals
+
+
+def scratch(out: str) -> str:
+    """Where unfinished files of a job writing to ``out`` go: a hidden folder no entry names."""
+    return out.rstrip("/") + "/.datacat-tmp"
+
+
+def commit(url: str, write: Callable[[str], None], storage_options: dict[str, Any] | None = None) -> None:
+    """Writes a file whole under ``url``, or not at all: ``write(path)`` fills a local file first.
+
+    Local: written beside the target in the scratch folder, then renamed
+    over it. A bucket: uploaded in one request (an object appears only
+    whole). Two attempts at the same unit write the same bytes, so either
+    may win.
+    """
+    name = url.rsplit("/", 1)[-1]
+    if not is_remote(url):
+        path = url.removeprefix("file://")
+        tmp_dir = scratch(os.path.dirname(path) or ".")
+        os.makedirs(tmp_dir, exist_ok=True)
+        tmp = os.path.join(tmp_dir, f"{name}.{uuid.uuid4().hex}")
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return
+    fs, path = filesystem(url, storage_options)
+    with tempfile.TemporaryDirectory(prefix="datacat-") as local:
+        tmp = os.path.join(local, name)
+        write(tmp)
+        fs.put_file(tmp, path)
+
+
+def clear_scratch(out: str) -> None:
+    """Removes the scratch folder of a finished job writing to a local ``out`` (what a killed attempt left).
+
+    A bucket has none: each file there is one upload.
+    """
+    if not is_remote(out):
+        shutil.rmtree(scratch(out.removeprefix("file://")), ignore_errors=True)

@@ -1,0 +1,261 @@
+"""``datacat convert``: any catalog entry to ArrayRecord shards, as a Beam pipeline.
+
+The entry's records are read in canonical order (shards in plan order,
+records in shard order; a mixture's epoch-0 sequence, unshuffled) and cut
+into output shards of ``records_per_shard`` positions each: output shard
+``k`` holds positions ``[k * n, (k + 1) * n)``, so its bytes depend on
+nothing but ``k``, whatever the runner's parallelism or retries. A record
+that cannot be read or decoded is left out and reported (``bad_records.jsonl``
+and the ``bad`` counter); each shard's exact count goes into the catalog
+entry written beside the shards.
+
+Layouts: ``packed`` keeps the encoded image as read (``jpg``), with the
+caption the loader would give (``txt``), the source key (``key``) and the
+label (``cls``) when there is one; ``pre_resized`` stores the pixels of the
+entry's transform at its image size, without augmentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import apache_beam as beam
+import yaml
+
+from datacat.beam import clear_scratch, commit, counter, run
+from datacat.catalog import Catalog, load_catalog
+from datacat.errors import OptionError
+from datacat.formats.packed import pack_record
+from datacat.formats.storage import filesystem, is_remote
+from datacat.resolve import Plan, resolve
+from datacat.transforms.ledger import BadSample
+
+__all__ = ["Conversion", "convert", "converted_records"]
+
+_BATCH = 64
+"""Records fetched at once (one concurrent read for random-access sources)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """What a ``convert`` job makes: where, in which layout, how many records per shard."""
+
+    plan: Plan
+    out: str
+    layout: str = "packed"
+    records_per_shard: int = 1000
+    name: str = ""
+    """The new entry's name; default ``<entry>-converted``."""
+    written_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The source entry's storage_options as written in its catalog (``${VAR}`` kept, never the values)."""
+    records: int = 0
+    """Records in the converted sequence."""
+    image_only: bool = False
+
+    @property
+    def entry_name(self) -> str:
+        return self.name or f"{self.plan.name}-converted"
+
+    def shard_name(self, k: int, shards: int) -> str:
+        return f"data-{k:05d}-of-{shards:05d}.array_record"
+
+
+def _open_view(plan: Plan) -> Any:
+    # The whole epoch 0 of one rank, unshuffled: canonical positions in order.
+    from datacat.epochs import Schedule
+    from datacat.mixing import open_source
+
+    source = open_source(plan)
+    total = source.epoch_length(plan.seed, 0)
+    return source.view(Schedule(total, 0, total, (total,)), seed=plan.seed, epoch=0, shuffle=False)
+
+
+def _record_of(view: Any, item: Any, position: int, layout: str) -> bytes | BadSample:
+    """The output record of one fetched item, or why it is left out."""
+    source = view.source  # the component's source, for a mixture
+    name = source.plan.name
+    if isinstance(item, ValueError):  # RecordError too: the record cannot be split out of its shard
+        return BadSample(
+            name, getattr(item, "url", "") or "", getattr(item, "key", "") or f"record {position}", str(item)
+        )
+    if isinstance(item, BaseException):  # the shard cannot be read: the bundle fails, the runner retries it
+        raise item
+    try:
+        record = source.reader.parse(item)
+        sample = source.transform(record)
+    except ValueError as exc:
+        return BadSample(name, item.shard, item.key, str(exc))
+    entries: dict[str, bytes | str] = {}
+    if layout == "pre_resized":
+        image = sample["image"]
+        entries["image"] = image.tobytes()
+        entries["shape"] = struct.pack("<ii", image.shape[0], image.shape[1])
+    else:
+        raw = record.get("image")
+        if not isinstance(raw, bytes):
+            raise OptionError(f"{name} holds decoded pixels, not encoded images: convert it with --layout pre_resized")
+        entries["jpg"] = raw
+    if "caption" in sample:
+        entries["txt" if layout == "packed" else "caption"] = sample["caption"]
+    entries["key"] = sample["key"]
+    if "label" in sample:
+        entries["cls" if layout == "packed" else "label"] = str(sample["label"])
+    return pack_record(entries)
+
+
+def converted_records(view: Any, positions: Sequence[int], layout: str) -> Iterator[bytes | BadSample]:
+    """The output records of view positions ``positions``, in order (bad ones as BadSample)."""
+    for start in range(0, len(positions), _BATCH):
+        chunk = positions[start : start + _BATCH]
+        for fetched_view, item, position in view.fetch(chunk):
+            yield _record_of(fetched_view, item, position, layout)
+
+
+class _WriteShard(beam.DoFn):  # type: ignore[misc]
+    """Writes output shard ``k``: its records read, converted and committed whole."""
+
+    def __init__(self, job: Conversion, total: int, shards: int) -> None:
+        self.job, self.total, self.shards = job, total, shards
+        self.read, self.written, self.bad = counter("records_read"), counter("records_written"), counter("records_bad")
+
+    def setup(self) -> None:
+        self.view = _open_view(self.job.plan)
+
+    def process(self, k: int) -> Iterator[tuple[int, int, list[BadSample]]]:
+        from array_record.python import array_record_module
+
+        n = self.job.records_per_shard
+        positions = range(k * n, min(self.total, (k + 1) * n))
+        records: list[bytes] = []
+        bad: list[BadSample] = []
+        for result in converted_records(self.view, positions, self.job.layout):
+            if isinstance(result, BadSample):
+                bad.append(result)
+            else:
+                records.append(result)
+        self.read.inc(len(positions))
+        self.bad.inc(len(bad))
+
+        def write(path: str) -> None:
+            writer = array_record_module.ArrayRecordWriter(path, "group_size:1")  # each record its own chunk
+            for record in records:
+                writer.write(record)
+            writer.close()
+
+        url = self.job.out.rstrip("/") + "/" + self.job.shard_name(k, self.shards)
+        commit(url, write, self.job.plan.storage_options)
+        self.written.inc(len(records))
+        yield k, len(records), bad
+
+
+class _Finish(beam.DoFn):  # type: ignore[misc]
+    """Once every shard is written: the catalog entry and the bad-record report beside them."""
+
+    def __init__(self, job: Conversion, shards: int) -> None:
+        self.job, self.shards, self.storage_options = job, shards, job.plan.storage_options
+
+    def process(self, results: list[tuple[int, int, list[BadSample]]]) -> Iterator[str]:
+        results = sorted(results)
+        if [k for k, _, _ in results] != list(range(self.shards)):
+            raise RuntimeError(f"convert: {len(results)} of {self.shards} shards were written")
+        per_shard = {self.job.shard_name(k, self.shards): n for k, n, _ in results}
+        bad = [b for _, _, found in results for b in found]
+        out = self.job.out.rstrip("/")
+        text = "\n".join(json.dumps(dataclasses.asdict(b)) for b in bad)
+        commit(out + "/bad_records.jsonl", _writer(text + ("\n" if text else "")), self.storage_options)
+        commit(out + "/catalog.yaml", _writer(entry_yaml(self.job, per_shard)), self.storage_options)
+        clear_scratch(out)
+        yield out + "/catalog.yaml"
+
+
+def _writer(text: str) -> Any:
+    def write(path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return write
+
+
+def entry_yaml(job: Conversion, per_shard: dict[str, int]) -> str:
+    """The catalog entry of the converted shards (YAML), exact per-shard counts included."""
+    plan, shards = job.plan, len(per_shard)
+    pattern = f"data-{{{0:05d}..{shards - 1:05d}}}-of-{shards:05d}.array_record"
+    labelled = plan.record.label is not None or plan.record.layout == "tf_example"
+    entry: dict[str, Any] = {
+        "description": f"{plan.name} converted to ArrayRecord ({job.layout}) by datacat convert.",
+        "format": "array_record",
+        "location": {"root": "." if not is_remote(job.out) else job.out.rstrip("/"), "shards": pattern},
+        "totals": {"shards": shards, "samples": sum(per_shard.values()), "per_shard": per_shard},
+        "loading": {"image_size": plan.loading.image_size, "val_batches": 0},
+    }
+    if job.written_options and is_remote(job.out):
+        entry["location"]["storage_options"] = job.written_options
+    if job.layout == "packed":
+        entry["record"] = {"layout": "packed", "image": "jpg", "caption": "txt", "key": "key"}
+        if labelled:
+            entry["record"]["label"] = "cls"
+    else:
+        entry["record"] = {"layout": "pre_resized", "key": "key"}
+    if job.image_only:
+        entry["record"]["caption"] = None
+    text = yaml.safe_dump({job.entry_name: entry}, sort_keys=False, width=120)
+    return "# Written by datacat convert; every count is exact.\n" + text
+
+
+def build(pipeline: beam.Pipeline, job: Conversion) -> Any:
+    """Adds the convert job to ``pipeline``; returns the PCollection holding the written entry's path."""
+    total = job.records
+    shards = max(1, math.ceil(total / job.records_per_shard))
+    written = (
+        pipeline
+        | "shards" >> beam.Create(range(shards))
+        | "spread" >> beam.Reshuffle()
+        | "write" >> beam.ParDo(_WriteShard(job, total, shards))
+    )
+    return written | "gather" >> beam.combiners.ToList() | "finish" >> beam.ParDo(_Finish(job, shards))
+
+
+def _survey(plan: Plan) -> tuple[int, bool]:
+    """(records in the converted sequence, whether they are image-only), read on the machine starting the job."""
+    from datacat.mixing import MixtureSource, open_source
+
+    source = open_source(plan)
+    sources = source.components if isinstance(source, MixtureSource) else [source]
+    image_only = all(getattr(s.transform, "image_only", False) for s in sources)
+    return int(source.epoch_length(plan.seed, 0)), image_only
+
+
+def convert(
+    name: str,
+    out: str,
+    *,
+    catalog: Catalog | None = None,
+    layout: str = "packed",
+    records_per_shard: int = 1000,
+    entry_name: str = "",
+    options: Any = None,
+) -> tuple[str, dict[str, int]]:
+    """Runs ``convert`` of entry ``name`` to ``out``; returns the written catalog file and the job's counters."""
+    from datacat.beam import pipeline_options
+
+    if layout not in ("packed", "pre_resized"):
+        raise OptionError(f"--layout {layout!r}: use packed or pre_resized")
+    if records_per_shard < 1:
+        raise OptionError("--records-per-shard must be at least 1")
+    catalog = load_catalog() if catalog is None else catalog
+    plan = resolve(name, catalog=catalog, val_batches=0, count=None, augmentation="none", on_bad_sample="skip")
+    if is_remote(out):
+        filesystem(out, plan.storage_options)  # a bucket that cannot be reached fails here, before the job starts
+    entry = catalog[catalog.canonical(name)]
+    written = dict(entry.location.storage_options) if entry.location is not None else {}
+    records, image_only = _survey(plan)
+    job = Conversion(plan, out.rstrip("/"), layout, records_per_shard, entry_name, written, records, image_only)
+    pipeline = beam.Pipeline(options=options or pipeline_options())
+    build(pipeline, job)
+    counters = run(pipeline)
+    return job.out + "/catalog.yaml", counters
