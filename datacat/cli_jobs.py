@@ -103,11 +103,10 @@ def convert(
     from datacat.catalog import load_catalog
     from datacat.verify import verify
 
-    written = load_catalog([catalog_file]) if "://" not in catalog_file else None
-    names = _entries_of(written, catalog_file) if written is not None else [entry_name or f"{name}-converted"]
-    if written is not None:  # the manifest `datacat verify` would write: later opens read no footer
-        for entry in names:
-            verify(entry, catalog=written)
+    written = load_catalog([catalog_file])
+    names = _entries_of(written, catalog_file)
+    for entry in names:  # the manifest `datacat verify` would write: later opens read no footer
+        verify(entry, catalog=written)
     _summary(f"datacat convert {name}", counters, catalog_file, names)
 
 
@@ -130,5 +129,5 @@ def embed(
     catalog_file, counters = run_embed(name, out, fn, catalog=_catalog(ctx), batch_size=batch_size, options=options)
     from datacat.catalog import load_catalog
 
-    names = _entries_of(load_catalog([catalog_file]), catalog_file) if "://" not in catalog_file else []
+    names = _entries_of(load_catalog([catalog_file]), catalog_file)
     _summary(f"datacat embed {name}", counters, catalog_file, names)

@@ -230,3 +230,23 @@ def test_jobs_build_unchanged_for_other_runners(flags: list[str]) -> None:
         proto = pipeline.to_runner_api()  # every step serialised, as a runner receives it
         labels = {t.unique_name for t in proto.components.transforms.values()}
         assert {"shards", "spread", "finish"} <= labels
+
+
+def test_convert_a_mixture_writes_its_epoch_in_order_with_each_record_s_component(tmp_path: Path) -> None:
+    from datacat.beam.convert import _open_view
+    from datacat.formats.array_record import ArrayRecordReader
+    from datacat.formats.packed import unpack_record
+
+    (tmp_path / "mix.yaml").write_text(
+        "mix:\n  description: d\n  format: mixture\n  mixture:\n    components:\n"
+        "      - {name: sample, weight: 2}\n      - {name: sample-arrayrecord, weight: 1}\n"
+    )
+    catalog = datacat.load_catalog([tmp_path / "mix.yaml"])
+    written, counters = convert("mix", str(tmp_path / "out"), catalog=catalog, records_per_shard=40, options=ONE)
+    assert counters["records_written"] == 110
+    view = _open_view(datacat.resolve("mix", catalog=catalog, val_batches=0, augmentation="none"))
+    expected = [(s["component"], s["key"]) for s in view.finish(view.fetch(range(110)))]
+    reader = ArrayRecordReader(datacat.resolve("mix-converted", catalog=datacat.load_catalog([written])))
+    entries = [unpack_record(item.payload) for item in reader.items(range(110))]  # type: ignore[union-attr]
+    assert [(e["component"].decode(), e["key"].decode()) for e in entries] == expected
+    assert {c for c, _ in expected} == {"sample", "sample-arrayrecord"}

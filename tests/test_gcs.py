@@ -129,3 +129,25 @@ def test_remote_array_records_are_read_by_chunk_index_or_else_by_the_cpp_client(
         assert [item.payload for item in got] == records[::-1], i  # type: ignore[union-attr]
     with pytest.raises(datacat.ShardError, match=r"truncated\.array_record.*Re-copy it"):
         ArrayRecordReader(datacat.resolve("vbad", catalog=catalog, image_size=16))
+
+
+def test_convert_writes_shards_and_their_entry_to_a_bucket(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datacat.beam import pipeline_options
+    from datacat.beam.convert import convert
+
+    monkeypatch.setenv("TEST_BUCKET", bucket)
+    local = [s["key"] for s in read_all(SampleSource(datacat.resolve("sample", image_size=16)))]
+    written, counters = convert(
+        "gwds",
+        f"{bucket}/converted",
+        catalog=_catalog(tmp_path),
+        records_per_shard=20,
+        options=pipeline_options(workers=1),
+    )
+    assert counters["records_written"] == 55
+    assert "/catalogs/" in written  # a local copy of the entry in the bucket
+    plan = datacat.resolve("gwds-converted", catalog=datacat.load_catalog([written]), image_size=16)
+    assert plan.root == "gs://datacat-test/converted" and [s.samples for s in plan.shards] == [20, 20, 15]
+    assert [s["key"] for s in read_all(SampleSource(plan))] == local

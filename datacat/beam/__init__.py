@@ -17,6 +17,7 @@ Needs the ``beam`` extra: ``pip install 'datacat[beam]'``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -43,7 +44,16 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in every
         f"Beam jobs need Apache Beam: pip install 'datacat[beam]' ({exc.name} is not installed)"
     ) from exc
 
-__all__ = ["NAMESPACE", "clear_scratch", "commit", "counter", "pipeline_options", "run", "scratch"]
+__all__ = [
+    "NAMESPACE",
+    "clear_scratch",
+    "commit",
+    "counter",
+    "local_catalog",
+    "pipeline_options",
+    "run",
+    "scratch",
+]
 
 NAMESPACE = "datacat"
 """The namespace of every counter a job keeps (records read, written, bad)."""
@@ -126,3 +136,22 @@ def clear_scratch(out: str) -> None:
     """
     if not is_remote(out):
         shutil.rmtree(scratch(out.removeprefix("file://")), ignore_errors=True)
+
+
+def local_catalog(url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """A local path of the catalog file a job wrote at ``url``: itself, or a copy from the bucket.
+
+    The copy goes to ``$DATACAT_CACHE/catalogs/`` (its roots are the bucket's
+    URLs, so it loads from anywhere), for ``datacat --catalog PATH load``.
+    """
+    if not is_remote(url):
+        return url.removeprefix("file://")
+    from datacat.formats.storage import read_bytes
+    from datacat.manifest import cache_dir
+
+    text = read_bytes(url, storage_options)
+    folder = cache_dir() / "catalogs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}.yaml"
+    path.write_bytes(text)
+    return str(path)

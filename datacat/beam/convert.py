@@ -27,7 +27,7 @@ from typing import Any
 import apache_beam as beam
 import yaml
 
-from datacat.beam import clear_scratch, commit, counter, run
+from datacat.beam import clear_scratch, commit, counter, local_catalog, run
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.packed import pack_record
@@ -56,6 +56,8 @@ class Conversion:
     records: int = 0
     """Records in the converted sequence."""
     image_only: bool = False
+    image_size: int = 0
+    """The size the records' images are transformed to (a mixture's components share one)."""
 
     @property
     def entry_name(self) -> str:
@@ -75,7 +77,7 @@ def _open_view(plan: Plan) -> Any:
     return source.view(Schedule(total, 0, total, (total,)), seed=plan.seed, epoch=0, shuffle=False)
 
 
-def _record_of(view: Any, item: Any, position: int, layout: str) -> bytes | BadSample:
+def _record_of(view: Any, item: Any, position: int, layout: str, mixture: bool = False) -> bytes | BadSample:
     """The output record of one fetched item, or why it is left out."""
     source = view.source  # the component's source, for a mixture
     name = source.plan.name
@@ -103,6 +105,8 @@ def _record_of(view: Any, item: Any, position: int, layout: str) -> bytes | BadS
     if "caption" in sample:
         entries["txt" if layout == "packed" else "caption"] = sample["caption"]
     entries["key"] = sample["key"]
+    if mixture:  # keys are unique within a component only
+        entries["component"] = name
     if "label" in sample:
         entries["cls" if layout == "packed" else "label"] = str(sample["label"])
     return pack_record(entries)
@@ -110,10 +114,11 @@ def _record_of(view: Any, item: Any, position: int, layout: str) -> bytes | BadS
 
 def converted_records(view: Any, positions: Sequence[int], layout: str) -> Iterator[bytes | BadSample]:
     """The output records of view positions ``positions``, in order (bad ones as BadSample)."""
+    mixture = view.source.plan.format == "mixture"
     for start in range(0, len(positions), _BATCH):
         chunk = positions[start : start + _BATCH]
         for fetched_view, item, position in view.fetch(chunk):
-            yield _record_of(fetched_view, item, position, layout)
+            yield _record_of(fetched_view, item, position, layout, mixture)
 
 
 class _WriteShard(beam.DoFn):  # type: ignore[misc]
@@ -191,7 +196,7 @@ def entry_yaml(job: Conversion, per_shard: dict[str, int]) -> str:
         "format": "array_record",
         "location": {"root": "." if not is_remote(job.out) else job.out.rstrip("/"), "shards": pattern},
         "totals": {"shards": shards, "samples": sum(per_shard.values()), "per_shard": per_shard},
-        "loading": {"image_size": plan.loading.image_size, "val_batches": 0},
+        "loading": {"image_size": job.image_size or plan.loading.image_size, "val_batches": 0},
     }
     if job.written_options and is_remote(job.out):
         entry["location"]["storage_options"] = job.written_options
@@ -220,14 +225,14 @@ def build(pipeline: beam.Pipeline, job: Conversion) -> Any:
     return written | "gather" >> beam.combiners.ToList() | "finish" >> beam.ParDo(_Finish(job, shards))
 
 
-def _survey(plan: Plan) -> tuple[int, bool]:
-    """(records in the converted sequence, whether they are image-only), read on the machine starting the job."""
+def _survey(plan: Plan) -> tuple[int, bool, int]:
+    """(records in the converted sequence, whether they are image-only, their image size), read where the job starts."""
     from datacat.mixing import MixtureSource, open_source
 
     source = open_source(plan)
     sources = source.components if isinstance(source, MixtureSource) else [source]
     image_only = all(getattr(s.transform, "image_only", False) for s in sources)
-    return int(source.epoch_length(plan.seed, 0)), image_only
+    return int(source.epoch_length(plan.seed, 0)), image_only, sources[0].plan.loading.image_size
 
 
 def convert(
@@ -240,7 +245,8 @@ def convert(
     entry_name: str = "",
     options: Any = None,
 ) -> tuple[str, dict[str, int]]:
-    """Runs ``convert`` of entry ``name`` to ``out``; returns the written catalog file and the job's counters."""
+    """Runs ``convert`` of entry ``name`` to ``out``; returns a local path of the catalog file it wrote
+    (:func:`~datacat.beam.local_catalog`) and the job's counters."""
     from datacat.beam import pipeline_options
 
     if layout not in ("packed", "pre_resized"):
@@ -253,9 +259,9 @@ def convert(
         filesystem(out, plan.storage_options)  # a bucket that cannot be reached fails here, before the job starts
     entry = catalog[catalog.canonical(name)]
     written = dict(entry.location.storage_options) if entry.location is not None else {}
-    records, image_only = _survey(plan)
-    job = Conversion(plan, out.rstrip("/"), layout, records_per_shard, entry_name, written, records, image_only)
+    records, image_only, size = _survey(plan)
+    job = Conversion(plan, out.rstrip("/"), layout, records_per_shard, entry_name, written, records, image_only, size)
     pipeline = beam.Pipeline(options=options or pipeline_options())
     build(pipeline, job)
     counters = run(pipeline)
-    return job.out + "/catalog.yaml", counters
+    return local_catalog(job.out + "/catalog.yaml", plan.storage_options), counters

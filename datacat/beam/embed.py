@@ -31,7 +31,7 @@ import apache_beam as beam
 import numpy as np
 import yaml
 
-from datacat.beam import clear_scratch, commit, counter, run
+from datacat.beam import clear_scratch, commit, counter, local_catalog, run
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.storage import filesystem, is_remote
@@ -299,7 +299,8 @@ def embed(
     batch_size: int = 64,
     options: Any = None,
 ) -> tuple[str, dict[str, int]]:
-    """Runs ``embed`` of entry ``name`` with ``fn`` into ``out``; returns the written catalog file and the counters."""
+    """Runs ``embed`` of entry ``name`` with ``fn`` into ``out``; returns a local path of the catalog file
+    it wrote (:func:`~datacat.beam.local_catalog`) and the counters."""
     from datacat.beam import pipeline_options
 
     if batch_size < 1:
@@ -321,4 +322,5 @@ def embed(
     job = Embedding(plan, out.rstrip("/"), fn, batch_size, _numbers(plan), offsets, image_dim, text_dim)
     pipeline = beam.Pipeline(options=options or pipeline_options())
     build(pipeline, job)
-    return job.out + "/catalog.yaml", run(pipeline)
+    counters = run(pipeline)
+    return local_catalog(job.out + "/catalog.yaml", plan.storage_options), counters
