@@ -250,3 +250,25 @@ def test_convert_a_mixture_writes_its_epoch_in_order_with_each_record_s_componen
     entries = [unpack_record(item.payload) for item in reader.items(range(110))]  # type: ignore[union-attr]
     assert [(e["component"].decode(), e["key"].decode()) for e in entries] == expected
     assert {c for c, _ in expected} == {"sample", "sample-arrayrecord"}
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_shard_gone_during_the_job_fails_it_with_the_error_naming_the_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """In this process or in a worker process (Beam hands back its text), the same error class comes out."""
+    import datacat.beam.convert as job
+
+    catalog = _tars_with_a_corrupt_image(tmp_path / "tars")
+    survey = job._survey
+
+    def survey_then_lose_a_shard(plan: Any) -> Any:
+        found = survey(plan)
+        (tmp_path / "tars" / "0001.tar").unlink()  # after the job was planned, before it reads
+        return found
+
+    monkeypatch.setattr(job, "_survey", survey_then_lose_a_shard)
+    with pytest.raises(FileNotFoundError, match=r"0001\.tar"):
+        options = pipeline_options(workers=workers)
+        convert("tars", str(tmp_path / "out"), catalog=catalog, records_per_shard=4, options=options)
+    assert not (tmp_path / "out" / "catalog.yaml").exists()

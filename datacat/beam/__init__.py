@@ -20,14 +20,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from datacat.errors import BackendUnavailable
+from datacat import errors
+from datacat.errors import BackendUnavailable, DatacatError
 from datacat.formats.storage import filesystem, is_remote
+from datacat.redact import redact
 
 # Beam's import warns through the root logger, which would set up logging for the whole process (and
 # print every later INFO line of its libraries); datacat's commands print their own progress.
@@ -85,9 +88,36 @@ def counter(name: str) -> Any:
 
 
 def run(pipeline: beam.Pipeline) -> dict[str, int]:
-    """Runs ``pipeline`` to the end and returns its datacat counters, by name."""
-    result = pipeline.run()
-    result.wait_until_finish()
+    """Runs ``pipeline`` to the end and returns its datacat counters, by name.
+
+    A job that fails raises datacat's own error when one caused it (a shard
+    that cannot be read is the same ShardError as in a loader); otherwise a
+    DatacatError with the last line of what the runner reported, secrets
+    redacted. Beam wraps a worker's error in its own exceptions.
+    """
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as exc:  # sorted below: datacat's errors come out as they are
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, DatacatError | FileNotFoundError):
+                raise cause.with_traceback(None) from None
+            cause = cause.__cause__ or cause.__context__
+        lines = [line.strip() for line in redact(exc).splitlines() if line.strip()]
+        last = lines[-1] if lines else type(exc).__name__
+        # A worker process's error arrives as text, its last line "RuntimeError: ShardError: ... [while
+        # running 'write']": the first class named there that datacat raises is raised again.
+        text = re.sub(r" \[while running '[^']*'\]$", "", last)
+        while ": " in text:
+            kind, _, message = text.partition(": ")
+            known = getattr(errors, kind, None)
+            if isinstance(known, type) and issubclass(known, DatacatError) and known is not errors.CatalogError:
+                raise known(message) from None
+            if kind == "FileNotFoundError":
+                raise FileNotFoundError(2, re.sub(r"^\[Errno 2\] ", "", message)) from None
+            text = message
+        raise DatacatError(f"the Beam job failed: {last}") from None
     found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
     totals: dict[str, int] = {}
     for metric in found:

@@ -255,6 +255,9 @@ def convert(
         raise OptionError("--records-per-shard must be at least 1")
     catalog = load_catalog() if catalog is None else catalog
     plan = resolve(name, catalog=catalog, val_batches=0, count=None, augmentation="none", on_bad_sample="skip")
+    plans = [c.plan for c in plan.components] if plan.format == "mixture" else [plan]
+    if layout == "packed" and any(p.record.layout == "pre_resized" for p in plans):
+        raise OptionError(f"{name} holds decoded pixels, not encoded images: convert it with --layout pre_resized")
     if is_remote(out):
         filesystem(out, plan.storage_options)  # a bucket that cannot be reached fails here, before the job starts
     entry = catalog[catalog.canonical(name)]
