@@ -43,7 +43,7 @@ def plain_loop(catalog: object, out: Path, layout: str, per_shard: int) -> float
 
     start = time.perf_counter()
     plan = datacat.resolve("bench", catalog=catalog, val_batches=0, augmentation="none", on_bad_sample="skip")
-    total, _, _ = _survey(plan)
+    total, _, _, _ = _survey(plan)
     job = Conversion(plan, str(out), layout, per_shard, records=total)
     view = _open_view(plan)
     shards = math.ceil(total / per_shard)

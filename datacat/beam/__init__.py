@@ -53,6 +53,7 @@ __all__ = [
     "commit",
     "counter",
     "local_catalog",
+    "part_of",
     "pipeline_options",
     "run",
     "scratch",
@@ -185,3 +186,13 @@ def local_catalog(url: str, storage_options: dict[str, Any] | None = None) -> st
     path = folder / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}.yaml"
     path.write_bytes(text)
     return str(path)
+
+
+def part_of(plan: Any, first: int, stop: int, counts: Sequence[int]) -> Any:
+    """``plan`` narrowed to its shards ``[first, stop)``, each with its record count.
+
+    A unit of work opens only the shards it reads: a worker never indexes
+    (reads whole) a tar shard another worker's unit covers.
+    """
+    shards = tuple(s.model_copy(update={"samples": counts[i]}) for i, s in enumerate(plan.shards[first:stop], first))
+    return plan.model_copy(update={"shards": shards, "samples": sum(counts[first:stop])})

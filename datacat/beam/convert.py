@@ -17,7 +17,9 @@ entry's transform at its image size, without augmentation.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import json
 import math
 import struct
@@ -27,11 +29,12 @@ from typing import Any
 import apache_beam as beam
 import yaml
 
-from datacat.beam import clear_scratch, commit, counter, local_catalog, run
+from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.packed import pack_record
 from datacat.formats.storage import filesystem, is_remote
+from datacat.registry import format_of
 from datacat.resolve import Plan, resolve
 from datacat.transforms.ledger import BadSample
 
@@ -58,6 +61,8 @@ class Conversion:
     image_only: bool = False
     image_size: int = 0
     """The size the records' images are transformed to (a mixture's components share one)."""
+    counts: tuple[int, ...] = ()
+    """Records per source shard (not for a mixture, whose draws need every component open)."""
 
     @property
     def entry_name(self) -> str:
@@ -129,16 +134,30 @@ class _WriteShard(beam.DoFn):  # type: ignore[misc]
         self.read, self.written, self.bad = counter("records_read"), counter("records_written"), counter("records_bad")
 
     def setup(self) -> None:
-        self.view = _open_view(self.job.plan)
+        self.opened: tuple[tuple[int, int], Any] | None = None
+        self.offsets = tuple(itertools.accumulate(self.job.counts, initial=0))
+
+    def _view(self, positions: range) -> tuple[Any, int]:
+        """A view of the source shards holding ``positions`` (all of a mixture), and its first position."""
+        if not self.job.counts:
+            if self.opened is None:
+                self.opened = ((0, 0), _open_view(self.job.plan))
+            return self.opened[1], 0
+        first = bisect.bisect_right(self.offsets, positions.start) - 1
+        stop = bisect.bisect_left(self.offsets, positions.stop)
+        if self.opened is None or self.opened[0] != (first, stop):  # consecutive units often share shards
+            self.opened = ((first, stop), _open_view(part_of(self.job.plan, first, stop, self.job.counts)))
+        return self.opened[1], self.offsets[first]
 
     def process(self, k: int) -> Iterator[tuple[int, int, list[BadSample]]]:
         from array_record.python import array_record_module
 
         n = self.job.records_per_shard
         positions = range(k * n, min(self.total, (k + 1) * n))
+        view, base = self._view(positions)
         records: list[bytes] = []
         bad: list[BadSample] = []
-        for result in converted_records(self.view, positions, self.job.layout):
+        for result in converted_records(view, range(positions.start - base, positions.stop - base), self.job.layout):
             if isinstance(result, BadSample):
                 bad.append(result)
             else:
@@ -225,14 +244,17 @@ def build(pipeline: beam.Pipeline, job: Conversion) -> Any:
     return written | "gather" >> beam.combiners.ToList() | "finish" >> beam.ParDo(_Finish(job, shards))
 
 
-def _survey(plan: Plan) -> tuple[int, bool, int]:
-    """(records in the converted sequence, whether they are image-only, their image size), read where the job starts."""
+def _survey(plan: Plan) -> tuple[int, bool, int, tuple[int, ...]]:
+    """(records in the converted sequence, whether they are image-only, their image size, records per shard),
+    read where the job starts."""
     from datacat.mixing import MixtureSource, open_source
 
     source = open_source(plan)
     sources = source.components if isinstance(source, MixtureSource) else [source]
     image_only = all(getattr(s.transform, "image_only", False) for s in sources)
-    return int(source.epoch_length(plan.seed, 0)), image_only, sources[0].plan.loading.image_size
+    offsets = () if isinstance(source, MixtureSource) else source.shard_offsets()
+    counts = tuple(b - a for a, b in itertools.pairwise(offsets))
+    return int(source.epoch_length(plan.seed, 0)), image_only, sources[0].plan.loading.image_size, counts
 
 
 def convert(
@@ -256,14 +278,18 @@ def convert(
     catalog = load_catalog() if catalog is None else catalog
     plan = resolve(name, catalog=catalog, val_batches=0, count=None, augmentation="none", on_bad_sample="skip")
     plans = [c.plan for c in plan.components] if plan.format == "mixture" else [plan]
+    if any(format_of(p.format).rows for p in plans):
+        raise OptionError(f"{name} holds embedding rows, not images: there is nothing to convert to image records")
     if layout == "packed" and any(p.record.layout == "pre_resized" for p in plans):
         raise OptionError(f"{name} holds decoded pixels, not encoded images: convert it with --layout pre_resized")
     if is_remote(out):
         filesystem(out, plan.storage_options)  # a bucket that cannot be reached fails here, before the job starts
     entry = catalog[catalog.canonical(name)]
     written = dict(entry.location.storage_options) if entry.location is not None else {}
-    records, image_only, size = _survey(plan)
-    job = Conversion(plan, out.rstrip("/"), layout, records_per_shard, entry_name, written, records, image_only, size)
+    records, image_only, size, counts = _survey(plan)
+    job = Conversion(
+        plan, out.rstrip("/"), layout, records_per_shard, entry_name, written, records, image_only, size, counts
+    )
     pipeline = beam.Pipeline(options=options or pipeline_options())
     build(pipeline, job)
     counters = run(pipeline)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import io
+import itertools
 import json
 import posixpath
 import re
@@ -31,7 +32,7 @@ import apache_beam as beam
 import numpy as np
 import yaml
 
-from datacat.beam import clear_scratch, commit, counter, local_catalog, run
+from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.storage import filesystem, is_remote
@@ -108,15 +109,14 @@ class _ReadShard(beam.DoFn):  # type: ignore[misc]
         self.job = job
         self.read, self.bad = counter("records_read"), counter("records_bad")
 
-    def setup(self) -> None:
-        self.source, self.view = _open(self.job.plan)
-
     def process(self, shard: int) -> Iterator[Row]:
-        first, stop = self.job.offsets[shard], self.job.offsets[shard + 1]
+        counts = [b - a for a, b in itertools.pairwise(self.job.offsets)]
+        _, view = _open(part_of(self.job.plan, shard, shard + 1, counts))  # this shard alone: nothing else is indexed
+        first, stop = 0, counts[shard]
         ledger = Ledger(self.job.plan.name, policy="skip", budget=1.0)
         for start in range(first, stop, 64):
             positions = range(start, min(stop, start + 64))
-            outputs = self.view.finish(self.view.fetch(positions))
+            outputs = view.finish(view.fetch(positions))
             for position, output in zip(positions, outputs, strict=True):
                 sample = ledger.admit(output)  # a shard that cannot be read raises: the runner retries the bundle
                 self.read.inc()
