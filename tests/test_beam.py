@@ -99,36 +99,45 @@ def test_convert_is_byte_identical_with_one_or_four_workers(tmp_path: Path) -> N
     assert one == four
 
 
-def test_a_convert_that_dies_mid_way_leaves_no_shard_that_is_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import datacat.beam.convert as job
+KILLED_MID_WAY = """
+import os, signal, sys
+from datacat.beam import pipeline_options
+from datacat.beam.convert import convert
 
-    out = tmp_path / "out"
-    real_commit = job.commit
+rename = os.replace
 
-    def dies_while_writing_shard_2(url: str, write: Any, options: Any = None) -> None:
-        if "data-00002-" in url:  # the process dies half-way through this shard's file
-            partial = out / ".datacat-tmp" / "data-00002-of-00008.array_record.dead"
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            write(str(partial))
-            partial.write_bytes(partial.read_bytes()[:1000])
-            raise RuntimeError("worker killed")
-        real_commit(url, write, options)
 
-    monkeypatch.setattr(job, "commit", dies_while_writing_shard_2)
-    with pytest.raises(Exception, match="worker killed"):
-        convert("sample", str(out), records_per_shard=7, options=ONE)
+def replace(src, dst):
+    if "data-00002-" in str(dst):  # shard 2 is written under its temporary name, not yet renamed into place
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(src, dst)
+
+
+os.replace = replace
+convert("sample", sys.argv[1], records_per_shard=7, options=pipeline_options(workers=1))
+"""
+
+
+@pytest.mark.slow
+def test_a_convert_killed_mid_way_leaves_no_shard_that_is_read(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from datacat.formats.ar_shards import count_records
+
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_WAY, str(out)], capture_output=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
     assert not (out / "catalog.yaml").exists()  # no entry: nothing names these files yet
-    for shard in out.glob("*.array_record"):  # any shard under its final name is whole
-        from datacat.formats.ar_shards import count_records
+    assert list((out / ".datacat-tmp").iterdir())  # shard 2, left under its temporary name
+    convert("sample", str(clean), records_per_shard=7, options=ONE)
+    finals = sorted(out.glob("*.array_record"))
+    assert "data-00002-of-00008.array_record" not in {p.name for p in finals}
+    for shard in finals:  # any shard under its final name is whole: the clean run's bytes
+        assert shard.read_bytes() == (clean / shard.name).read_bytes() and count_records(str(shard)) == 7
 
-        assert count_records(str(shard)) == 7
-
-    monkeypatch.setattr(job, "commit", real_commit)
-    convert("sample", str(out), records_per_shard=7, options=ONE)
-    convert("sample", str(tmp_path / "clean"), records_per_shard=7, options=ONE)
-    assert _digests(out) == _digests(tmp_path / "clean")
+    convert("sample", str(out), records_per_shard=7, options=ONE)  # the rerun
+    assert _digests(out) == _digests(clean)
     assert not (out / ".datacat-tmp").exists()
     catalog = datacat.load_catalog([out / "catalog.yaml"])
     assert len(read_all(SampleSource(datacat.resolve("sample-converted", catalog=catalog)))) == 55
