@@ -155,8 +155,6 @@ class JaxLoader(Loader):
         self._iterator: Any = None
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
         self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
-        if self.num_workers:
-            self.epochs_of.allocate = _shared_batch  # collated straight into shared memory: grain sends its name
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
@@ -255,18 +253,6 @@ class JaxLoader(Loader):
                 if key in batch:
                     batch[key] = jax.make_array_from_process_local_data(self.sharding, batch[key])  # type: ignore[no-untyped-call]
         return batch
-
-
-def _shared_batch(shape: tuple[int, ...]) -> np.ndarray:
-    """An empty uint8 batch in grain's shared memory: a worker hands it over by name, with no copy.
-
-    (grain copies every other array of an element into shared memory itself.)
-    The receiving process unlinks it once copied out (``_finish``).
-    """
-    if not all(shape):  # a batch whose every record failed: no segment of size 0 exists
-        return np.empty(shape, np.uint8)
-    array: np.ndarray = grain.multiprocessing.SharedMemoryArray(shape, np.uint8)
-    return array
 
 
 def open_jax(plan: Plan, **options: Any) -> JaxLoader:
