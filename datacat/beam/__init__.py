@@ -32,12 +32,11 @@ from datacat.errors import BackendUnavailable, DatacatError
 from datacat.formats.storage import filesystem, is_remote
 from datacat.redact import redact
 
-# Beam's import warns through the root logger, which would set up logging for the whole process (and
-# print every later INFO line of its libraries); datacat's commands print their own progress.
-if not logging.getLogger().handlers:
-    logging.getLogger().addHandler(logging.NullHandler())
-logging.getLogger("apache_beam").setLevel(logging.WARNING)
-
+# Beam's import warns through logging.warning(), which configures the root logger for the whole process
+# when nothing has (every later INFO line of any library would print). A handler held only during the
+# import keeps that from happening, and leaves the process's logging as the user set it up.
+_root, _quiet = logging.getLogger(), logging.NullHandler()
+_root.addHandler(_quiet)
 try:
     import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
@@ -46,6 +45,8 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in every
     raise BackendUnavailable(
         f"Beam jobs need Apache Beam: pip install 'datacat[beam]' ({exc.name} is not installed)"
     ) from exc
+finally:
+    _root.removeHandler(_quiet)
 
 __all__ = [
     "NAMESPACE",
