@@ -464,11 +464,14 @@ def verify(
 
     if (runner or workers or ctx.args) and not deep:
         raise OptionError("--runner, --workers and Beam's flags go with --deep: only the deep check is a Beam job")
-    beam_options = None
+    deep_check = None
     if runner or workers or ctx.args:
         from datacat.cli_jobs import job_options
 
-        beam_options = job_options(runner, workers, list(ctx.args))
+        options = job_options(runner, workers, list(ctx.args))
+        from datacat.beam.verify import bad_records_job
+
+        deep_check = functools.partial(bad_records_job, options=options)
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
@@ -487,7 +490,7 @@ def verify(
             deep=deep,
             threads=threads,
             progress=advance,
-            beam_options=beam_options,
+            deep_check=deep_check,
         )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -82,7 +82,7 @@ def verify(
     deep: bool = False,
     threads: int = 16,
     progress: Progress | None = None,
-    beam_options: Any = None,
+    deep_check: Callable[[Plan], list[BadSample]] | None = None,
 ) -> Report:
     """Checks one entry's shards against storage and writes their manifest.
 
@@ -91,8 +91,9 @@ def verify(
         catalog: The catalog to look in; default the built-in one plus ``$DATACAT_CATALOG``.
         root: Replaces the entry's root, as in :func:`datacat.resolve`.
         deep: Also read and decode every record, reporting each bad one with shard and key.
-        beam_options: Beam pipeline options: the deep check runs as a Beam job on their runner
-            (:mod:`datacat.beam.verify`), one shard per unit of work; the rest is the same.
+        deep_check: Runs the deep check elsewhere: given the plan of the shards found (with their
+            counts), returns their bad records, e.g. ``datacat.beam.verify.bad_records_job`` with its
+            pipeline options bound (one shard per unit of work on a Beam runner); the rest is the same.
         threads: Shards counted at once.
         progress: Called with (stage, done, total).
     """
@@ -152,10 +153,8 @@ def verify(
     if deep and readable:
         shards_read, facts_read = zip(*readable, strict=True)
         checked = _checked_plan(plan, list(shards_read), list(facts_read))
-        if beam_options is not None:
-            from datacat.beam.verify import bad_records_job
-
-            bad = bad_records_job(checked, beam_options)
+        if deep_check is not None:
+            bad = deep_check(checked)
         else:
             bad = _decode_all(checked, lambda done, total: say("decoded", done, total))
         problems += [f"bad record: {b}" for b in bad]

@@ -195,7 +195,9 @@ def test_verify_deep_as_a_beam_job_matches_the_single_machine_verify(tmp_path: P
     alone = verify("tars", catalog=catalog, deep=True)
     first = load_manifest(datacat.resolve("tars", catalog=catalog).manifest)
     Path(alone.manifest or "").unlink()
-    on_beam = verify("tars", catalog=catalog, deep=True, beam_options=ONE)
+    from datacat.beam.verify import bad_records_job
+
+    on_beam = verify("tars", catalog=catalog, deep=True, deep_check=lambda plan: bad_records_job(plan, ONE))
     assert [(b.key, b.reason) for b in on_beam.bad_samples] == [(b.key, b.reason) for b in alone.bad_samples]
     assert [b.key for b in on_beam.bad_samples] == ["00010003"]
     assert on_beam.problems == alone.problems and not on_beam.ok

@@ -58,6 +58,8 @@ __all__ = [
     "pipeline_options",
     "run",
     "scratch",
+    "text_file",
+    "whole_epoch",
 ]
 
 NAMESPACE = "datacat"
@@ -197,3 +199,23 @@ def part_of(plan: Any, first: int, stop: int, counts: Sequence[int]) -> Any:
     """
     shards = tuple(s.model_copy(update={"samples": counts[i]}) for i, s in enumerate(plan.shards[first:stop], first))
     return plan.model_copy(update={"shards": shards, "samples": sum(counts[first:stop])})
+
+
+def text_file(text: str) -> Callable[[str], None]:
+    """A ``write(path)`` for :func:`commit` that writes ``text`` (utf-8)."""
+
+    def write(path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return write
+
+
+def whole_epoch(plan: Any) -> Any:
+    """``plan``'s source and one view of its whole epoch 0 on one rank, unshuffled: canonical positions in order."""
+    from datacat.epochs import Schedule
+    from datacat.mixing import open_source
+
+    source = open_source(plan)
+    total = source.epoch_length(plan.seed, 0)
+    return source, source.view(Schedule(total, 0, total, (total,)), seed=plan.seed, epoch=0, shuffle=False)

@@ -29,7 +29,7 @@ from typing import Any
 import apache_beam as beam
 import yaml
 
-from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run
+from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run, text_file, whole_epoch
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.packed import pack_record
@@ -73,13 +73,7 @@ class Conversion:
 
 
 def _open_view(plan: Plan) -> Any:
-    # The whole epoch 0 of one rank, unshuffled: canonical positions in order.
-    from datacat.epochs import Schedule
-    from datacat.mixing import open_source
-
-    source = open_source(plan)
-    total = source.epoch_length(plan.seed, 0)
-    return source.view(Schedule(total, 0, total, (total,)), seed=plan.seed, epoch=0, shuffle=False)
+    return whole_epoch(plan)[1]
 
 
 def _record_of(view: Any, item: Any, position: int, layout: str, mixture: bool = False) -> bytes | BadSample:
@@ -191,18 +185,10 @@ class _Finish(beam.DoFn):  # type: ignore[misc]
         bad = [b for _, _, found in results for b in found]
         out = self.job.out.rstrip("/")
         text = "\n".join(json.dumps(dataclasses.asdict(b)) for b in bad)
-        commit(out + "/bad_records.jsonl", _writer(text + ("\n" if text else "")), self.storage_options)
-        commit(out + "/catalog.yaml", _writer(entry_yaml(self.job, per_shard)), self.storage_options)
+        commit(out + "/bad_records.jsonl", text_file(text + ("\n" if text else "")), self.storage_options)
+        commit(out + "/catalog.yaml", text_file(entry_yaml(self.job, per_shard)), self.storage_options)
         clear_scratch(out)
         yield out + "/catalog.yaml"
-
-
-def _writer(text: str) -> Any:
-    def write(path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    return write
 
 
 def entry_yaml(job: Conversion, per_shard: dict[str, int]) -> str:

@@ -32,7 +32,7 @@ import apache_beam as beam
 import numpy as np
 import yaml
 
-from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run
+from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run, text_file, whole_epoch
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.storage import filesystem, is_remote
@@ -88,16 +88,6 @@ def _numbers(plan: Plan) -> tuple[str, ...]:
     return tuple(f"{i:04d}" for i in range(len(plan.shards)))
 
 
-def _open(plan: Plan) -> tuple[Any, Any]:
-    """The entry's source and its whole unshuffled epoch (positions in canonical order)."""
-    from datacat.epochs import Schedule
-    from datacat.pipeline import SampleSource
-
-    source = SampleSource(plan)
-    total = len(source)
-    return source, source.view(Schedule(total, 0, total, (total,)), seed=plan.seed, epoch=0, shuffle=False)
-
-
 Row = tuple[int, int, str, str, Any]
 """(shard, row in shard, key, caption, image uint8 HxWx3 or the reason it could not be read)."""
 
@@ -111,7 +101,9 @@ class _ReadShard(beam.DoFn):  # type: ignore[misc]
 
     def process(self, shard: int) -> Iterator[Row]:
         counts = [b - a for a, b in itertools.pairwise(self.job.offsets)]
-        _, view = _open(part_of(self.job.plan, shard, shard + 1, counts))  # this shard alone: nothing else is indexed
+        _, view = whole_epoch(
+            part_of(self.job.plan, shard, shard + 1, counts)
+        )  # this shard alone: nothing else is indexed
         first, stop = 0, counts[shard]
         ledger = Ledger(self.job.plan.name, policy="skip", budget=1.0)
         for start in range(first, stop, 64):
@@ -228,19 +220,11 @@ class _Finish(beam.DoFn):  # type: ignore[misc]
             raise RuntimeError(f"embed: {len(results)} of {len(self.job.numbers)} shards were written")
         options = self.job.plan.storage_options
         lines = "".join(json.dumps(line) + "\n" for r in results for line in r["bad"])
-        commit(self.job.out + "/ledger.jsonl", _text(lines), options)
-        commit(self.job.out + "/catalog.yaml", _text(entries_yaml(self.job, [r["rows"] for r in results])), options)
+        commit(self.job.out + "/ledger.jsonl", text_file(lines), options)
+        commit(self.job.out + "/catalog.yaml", text_file(entries_yaml(self.job, [r["rows"] for r in results])), options)
         for folder in ("", "/img_emb", "/text_emb", "/metadata"):
             clear_scratch(self.job.out + folder)
         yield self.job.out + "/catalog.yaml"
-
-
-def _text(text: str) -> Callable[[str], None]:
-    def write(path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    return write
 
 
 def entries_yaml(job: Embedding, rows: list[int]) -> str:
@@ -311,7 +295,7 @@ def embed(
         raise OptionError(f"{plan.name} is a mixture: embed each of its components, whose shards the files align with")
     if is_remote(out):
         filesystem(out, plan.storage_options)
-    source, _ = _open(plan)
+    source, _ = whole_epoch(plan)
     offsets = tuple(source.shard_offsets())
     size = plan.loading.image_size
     probe = load_function(fn)(np.zeros((1, size, size, 3), np.uint8), [""])  # the widths, before the job starts

@@ -15,13 +15,13 @@ import dataclasses
 import json
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-from datacat.beam import commit, counter, run
+from datacat.beam import commit, counter, run, text_file
 from datacat.formats.storage import filesystem, read_bytes
 from datacat.resolve import Plan
 from datacat.transforms.ledger import BadSample
@@ -48,16 +48,8 @@ class _CheckShard(beam.DoFn):  # type: ignore[misc]
         self.read.inc(self.plan.shards[shard].samples or 0)
         self.bad.inc(len(bad))
         text = json.dumps([dataclasses.asdict(b) for b in bad])
-        commit(f"{self.results}/{shard:06d}.json", _text(text), self.plan.storage_options)
+        commit(f"{self.results}/{shard:06d}.json", text_file(text), self.plan.storage_options)
         yield shard
-
-
-def _text(text: str) -> Callable[[str], None]:
-    def write(path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    return write
 
 
 def bad_records_job(plan: Plan, options: Any) -> list[BadSample]:
