@@ -101,23 +101,20 @@ class _ReadShard(beam.DoFn):  # type: ignore[misc]
 
     def process(self, shard: int) -> Iterator[Row]:
         counts = [b - a for a, b in itertools.pairwise(self.job.offsets)]
-        _, view = whole_epoch(
-            part_of(self.job.plan, shard, shard + 1, counts)
-        )  # this shard alone: nothing else is indexed
-        first, stop = 0, counts[shard]
+        # This shard alone: a worker indexes no tar that another unit reads.
+        _, view = whole_epoch(part_of(self.job.plan, shard, shard + 1, counts))
         ledger = Ledger(self.job.plan.name, policy="skip", budget=1.0)
-        for start in range(first, stop, 64):
-            positions = range(start, min(stop, start + 64))
-            outputs = view.finish(view.fetch(positions))
-            for position, output in zip(positions, outputs, strict=True):
+        for start in range(0, counts[shard], 64):
+            rows = range(start, min(counts[shard], start + 64))
+            for row, output in zip(rows, view.finish(view.fetch(rows)), strict=True):
                 sample = ledger.admit(output)  # a shard that cannot be read raises: the runner retries the bundle
                 self.read.inc()
                 if sample is None:
                     bad = ledger.skipped[-1]
                     self.bad.inc()
-                    yield shard, position - first, bad.key, "", bad.reason
+                    yield shard, row, bad.key, "", bad.reason
                 else:
-                    yield shard, position - first, sample["key"], sample.get("caption") or "", sample["image"]
+                    yield shard, row, sample["key"], sample.get("caption") or "", sample["image"]
 
 
 class _Embed(beam.DoFn):  # type: ignore[misc]
