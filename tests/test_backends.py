@@ -451,6 +451,34 @@ def test_workers_live_across_epochs(framework: str, tmp_path: Path) -> None:
     assert len(workers["0"]) == 2 and int(main) not in per_epoch["1"] + per_epoch["2"], per_epoch
 
 
+LEFT_MID_EPOCH = """
+import sys
+import datacat
+if __name__ == "__main__":
+    framework, workers = sys.argv[1], int(sys.argv[2])
+    loader = datacat.open("sample-arrayrecord", framework=framework, batch_size=4, num_workers=workers, seed=1)
+    for step, batch in enumerate(loader):
+        if step == 2:
+            break  # a loop left early: its iterator stays suspended until exit
+    started = iter(datacat.open("sample", framework=framework, batch_size=4, num_workers=workers, seed=1))
+    next(started)  # grain's workers are still starting
+    print("LEFT", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("framework", "workers"), [("torch", 0), ("jax", 2)])
+def test_a_script_that_exits_mid_epoch_prints_nothing_more(framework: str, workers: int, tmp_path: Path) -> None:
+    # Unclosed loaders are closed at exit while the modules are whole: no "Exception ignored" traceback
+    # from the iterators' cleanup at teardown, no shared memory left for the resource tracker to report.
+    script = tmp_path / "left.py"
+    script.write_text(LEFT_MID_EPOCH)
+    done = subprocess.run(
+        [sys.executable, str(script), framework, str(workers)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "LEFT", done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr[-3000:]
+
+
 def test_grain_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     import signal
     import time

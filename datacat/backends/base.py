@@ -10,8 +10,11 @@ framework's batch.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
+import weakref
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -79,6 +82,24 @@ class Epochs:
         return BatchView(view, origin=self.origin, allocate=self.allocate)
 
 
+_OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()  # loaders of this process, closed at its exit
+
+
+def _close_open_loaders() -> None:
+    # A loop left with break leaves its iterator suspended. Closed here, at exit, while the modules are
+    # whole: at interpreter teardown its cleanup (and grain's) would fail with a traceback, and grain's
+    # in-flight batches would be left in /dev/shm for the resource tracker to complain about. Registered
+    # again by each new iterator, so it runs before the exit hooks of what the loader started (atexit
+    # runs the last registered first).
+    for loader in list(_OPEN):
+        try:
+            loader._close_iterators()
+            loader.close()
+        except Exception as exc:  # exiting anyway: one line, not a traceback
+            log.debug("closing %r at exit: %s", loader, exc)
+    gc.collect()  # grain's iterators sit in reference cycles: their finalisers free the in-flight segments
+
+
 class Loader:
     """Batches of one Plan for one rank, epoch after epoch, resumable from ``state_dict()``.
 
@@ -136,6 +157,9 @@ class Loader:
         self.batch = 0  # batches delivered in the current epoch
         self._restored: dict[str, Any] | None = None
         self._worker_retries = 0
+        self._iterators: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+        if os.getpid() == self.epochs_of.origin:
+            _OPEN.add(self)
 
     def _warn_of_a_large_holdout(self) -> None:
         held, plan = self.plan.holdout_records, self.plan
@@ -186,6 +210,17 @@ class Loader:
         return self.epochs_of.schedule(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        iterator = self._iterate()
+        self._iterators.add(iterator)
+        atexit.unregister(_close_open_loaders)
+        atexit.register(_close_open_loaders)
+        return iterator
+
+    def _close_iterators(self) -> None:
+        for iterator in list(self._iterators):
+            iterator.close()
+
+    def _iterate(self) -> Generator[Any, None, None]:
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
             # Starting worker processes takes a second or more (grain's spawned workers import jax

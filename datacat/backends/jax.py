@@ -202,6 +202,7 @@ class JaxLoader(Loader):
 
     def _stream_epoch(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         batches = self.epochs_of.batches(epoch)
+        iterator = None
         try:
             iterator = iter(self._prefetched(grain.MapDataset.source(batches), sequential=True))
             saved = (self._restored or {}).get("grain")
@@ -214,6 +215,8 @@ class JaxLoader(Loader):
             yield from iterator
         finally:
             self._iterator = None
+            if iterator is not None:
+                iterator.close()  # its workers stop now, not when it is collected
             batches.close()
 
     def _prefetched(self, source: Any, *, sequential: bool) -> Any:
@@ -233,8 +236,11 @@ class JaxLoader(Loader):
         return self._iterator is None or self._next != (epoch, first)
 
     def close(self) -> None:
-        # Dropping grain's iterator stops its worker processes.
-        self._iterator, self._next, self._first = None, None, None
+        # grain's close() stops its worker processes and frees the batches in flight. Dropping the
+        # iterator is not enough: the thread that asked for its first batch may still hold it.
+        iterator, self._iterator, self._next, self._first = self._iterator, None, None, None
+        if iterator is not None:
+            iterator.close()
 
     def _backend_state(self) -> dict[str, Any]:
         if self._iterator is None or self.batch == 0 or self.source.random_access:
