@@ -272,9 +272,13 @@ class MixtureView:
                 out[slot] = fetched
         return [f for f in out if f is not None]
 
-    def finish(self, fetched: Sequence[Fetched]) -> list[dict[str, Any]]:
-        """Samples (or markers) of fetched records, each naming its component."""
-        return finish(fetched, component=True)
+    @property
+    def images(self) -> bool:
+        return all(component.images for component in self.source.components)
+
+    def finish(self, fetched: Sequence[Fetched], into: np.ndarray | None = None) -> list[dict[str, Any]]:
+        """Samples (or markers) of fetched records, each naming its component; images resized into ``into``."""
+        return finish(fetched, component=True, into=into)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.finish(self.fetch([index]))[0]

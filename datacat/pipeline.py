@@ -29,7 +29,7 @@ from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
-from datacat.transforms.sample import transform_for
+from datacat.transforms.sample import ImageTransform, transform_for
 
 __all__ = ["Allocate", "BatchView", "EpochView", "Fetched", "SampleSource", "collate_numpy", "finish", "selected_range"]
 
@@ -113,21 +113,28 @@ class SampleSource:
             )
         return cumulative([c or 0 for c in counts])
 
-    def process(self, item: RawItem, *, epoch: int = 0) -> dict[str, Any]:
-        """The sample of one raw item, or a bad-sample marker for the ledger to judge."""
+    @property
+    def images(self) -> bool:
+        """Whether samples have an ``image`` (embedding-table rows have none)."""
+        return isinstance(self.transform, ImageTransform)
+
+    def process(self, item: RawItem, *, epoch: int = 0, into: np.ndarray | None = None) -> dict[str, Any]:
+        """The sample of one raw item (its image resized into ``into`` when given), or a bad-sample marker."""
         try:
-            return self.transform(self.reader.parse(item), epoch=epoch)
+            return self.transform(self.reader.parse(item), epoch=epoch, into=into)
         except ValueError as exc:  # RecordError is a ValueError too
             return bad_marker(BadSample(self.plan.name, item.shard, item.key, str(exc)))
 
-    def outcome(self, item: RawItem | BaseException, position: int, *, epoch: int = 0) -> dict[str, Any]:
+    def outcome(
+        self, item: RawItem | BaseException, position: int, *, epoch: int = 0, into: np.ndarray | None = None
+    ) -> dict[str, Any]:
         """The sample of a fetched record, or a marker: a bad sample (a record that cannot be parsed) or an error."""
         if isinstance(item, ValueError):  # RecordError too
             shard, key = getattr(item, "url", None) or "", getattr(item, "key", None) or f"record {position}"
             return bad_marker(BadSample(self.plan.name, shard, key, str(item)))
         if isinstance(item, BaseException):
             return error_marker(item)
-        return self.process(item, epoch=epoch)
+        return self.process(item, epoch=epoch, into=into)
 
     def sample(self, index: int, *, epoch: int = 0) -> dict[str, Any] | None:
         """The sample at selected position ``index``, or None when the skip policy dropped it."""
@@ -189,9 +196,13 @@ class EpochView:
     def random_access(self) -> bool:
         return self.source.random_access
 
-    def finish(self, fetched: Sequence[Fetched]) -> list[dict[str, Any]]:
-        """Samples (or markers) of fetched records."""
-        return finish(fetched)
+    @property
+    def images(self) -> bool:
+        return self.source.images
+
+    def finish(self, fetched: Sequence[Fetched], into: np.ndarray | None = None) -> list[dict[str, Any]]:
+        """Samples (or markers) of fetched records; record ``i``'s image resized into ``into[i]`` when given."""
+        return finish(fetched, into=into)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None, "_ahead": {}, "_lock": None}
@@ -270,11 +281,15 @@ Fetched = tuple[EpochView, "RawItem | BaseException", int]
 """A record as fetched: the view it belongs to, its raw item (or why it could not be read), its position."""
 
 
-def finish(fetched: Sequence[Fetched], component: bool = False) -> list[dict[str, Any]]:
-    """Each fetched record as a sample, or a marker for the main process's ledger (bad sample or error)."""
+def finish(fetched: Sequence[Fetched], component: bool = False, into: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """Each fetched record as a sample, or a marker for the main process's ledger (bad sample or error).
+
+    With ``into``, record ``i``'s image is resized into ``into[i]``.
+    """
     out = []
-    for view, item, position in fetched:
-        output = view.source.outcome(item, position, epoch=view.epoch)
+    for slot, (view, item, position) in enumerate(fetched):
+        row = None if into is None else into[slot]
+        output = view.source.outcome(item, position, epoch=view.epoch, into=row)
         if component and not is_marker(output):
             output["component"] = view.source.plan.name
         out.append(output)
@@ -378,14 +393,17 @@ class BatchView:
         self._read_ahead(batch)
         samples: list[dict[str, Any]] = []
         marks: list[dict[str, Any]] = []
-        for output in self.view.finish(fetched):
+        # Images are resized straight into the batch's rows: no per-image array, no copy to collate.
+        size = self.image_size
+        images = (self.allocate or _empty)((len(fetched), size, size, 3)) if fetched and self.view.images else None
+        for output in self.view.finish(fetched, into=images):
             (marks if is_marker(output) else samples).append(output)
         # Retries made by a worker process since its last batch (prefetch threads included); the
         # loader counts its own process's itself.
         retries, self._retried = retry_count() - self._retried, retry_count()
         if os.getpid() == self._origin:
             retries = 0
-        collated = collate_numpy(samples, self.image_size, self.allocate)
+        collated = collate_numpy(samples, self.image_size, self.allocate, images=images)
         return {"batch": collated, "marks": marks, "retries": retries}
 
 
@@ -404,13 +422,28 @@ def _empty(shape: tuple[int, ...]) -> np.ndarray:
     return np.empty(shape, np.uint8)
 
 
-def collate_numpy(samples: list[dict[str, Any]], image_size: int, allocate: Allocate | None = None) -> dict[str, Any]:
+def collate_numpy(
+    samples: list[dict[str, Any]],
+    image_size: int,
+    allocate: Allocate | None = None,
+    *,
+    images: np.ndarray | None = None,
+) -> dict[str, Any]:
     """A batch of samples as numpy arrays (image, label, embeddings) and lists (caption, key, tokens).
 
-    The images are copied once, into ``allocate((n, H, W, 3))``.
+    The images are copied once, into ``allocate((n, H, W, 3))``; or, given
+    ``images`` (the batch array the samples' images were resized into, a row
+    per fetched record), left where they are, the rows after a bad sample
+    moved up, and the batch is ``images[:n]``.
     """
     batch: dict[str, Any] = {"key": [s["key"] for s in samples]}
-    if not samples or "image" in samples[0]:  # embedding-table rows have none
+    if images is not None and (not samples or "image" in samples[0]):
+        for row, sample in enumerate(samples):
+            pixels = sample["image"]
+            if pixels.ctypes.data != images[row].ctypes.data or pixels.shape != images.shape[1:]:
+                images[row] = pixels  # a row after a bad sample, or an image made elsewhere (augmented)
+        batch["image"] = images[: len(samples)]
+    elif not samples or "image" in samples[0]:  # embedding-table rows have none
         shape = samples[0]["image"].shape if samples else (image_size, image_size, 3)
         image = (allocate or _empty)((len(samples), *shape))
         for slot, sample in zip(image, samples, strict=True):

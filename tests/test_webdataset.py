@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import make_tar, read_all, sample_members
 
@@ -119,3 +120,26 @@ def test_skip_yields_every_good_sample_and_ledgers_the_bad(tmp_path: Path) -> No
     )
     with pytest.raises(datacat.errors.BadSampleBudgetExceeded, match="over the budget"):
         read_all(tight)
+
+
+@pytest.mark.parametrize("loading", [{"augmentation": "none"}, {"augmentation": "none", "resize": "pad"}, {}])
+def test_a_batch_holds_each_good_sample_in_order_around_bad_ones(tmp_path: Path, loading: dict[str, str]) -> None:
+    # Images are resized straight into the batch's rows; a bad sample's row is closed up, so every
+    # row holds the pixels its sample has when made on its own.
+    from datacat.epochs import Schedule
+    from datacat.pipeline import BatchView
+
+    keys = [f"{i:04d}" for i in range(10)]
+    bad = {"0000", "0004", "0005"}
+    make_tar(tmp_path / "0.tar", sample_members(keys, bad=bad))
+    catalog = _catalog(tmp_path, "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}}\n")
+    plan = datacat.resolve("t", catalog=catalog, image_size=24, on_bad_sample="skip", bad_sample_budget=0.5, **loading)
+    source = SampleSource(plan)
+    view = source.view(Schedule(10, 0, 10, (10,)), seed=0, epoch=0, shuffle=False)
+    output = BatchView(view)[0]
+    batch = output["batch"]
+    alone = {s["key"]: s["image"] for s in read_all(SampleSource(plan))}
+    assert batch["key"] == [k for k in keys if k not in bad] and len(output["marks"]) == len(bad)
+    assert batch["image"].shape == (7, 24, 24, 3) and batch["image"].flags["C_CONTIGUOUS"]
+    for key, pixels in zip(batch["key"], batch["image"], strict=True):
+        np.testing.assert_array_equal(pixels, alone[key])

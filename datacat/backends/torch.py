@@ -13,6 +13,7 @@ that epoch's view itself from the pickled ``Epochs``.
 from __future__ import annotations
 
 import functools
+import math
 import multiprocessing
 import multiprocessing.context
 import os
@@ -88,7 +89,13 @@ _SHARED: dict[int, torch.Tensor] = {}  # batch arrays made by _shared_batch, by 
 
 def _shared_batch(shape: tuple[int, ...]) -> np.ndarray:
     """An empty uint8 batch in shared memory, so sending it to the main process copies nothing."""
-    tensor = torch.empty(shape, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+    try:
+        # Made in shared memory, as DataLoader's own collate makes its batches (share_memory_() on an
+        # empty tensor would allocate it privately first, then copy the whole batch across).
+        storage = torch.UntypedStorage._new_shared(math.prod(shape))  # type: ignore[no-untyped-call]
+        tensor = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+    except AttributeError:  # a torch without the private constructor
+        tensor = torch.empty(shape, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
     array: np.ndarray = tensor.numpy()
     if len(_SHARED) > 64:
         _SHARED.clear()  # batches dropped unsent (an error elsewhere): forget them
@@ -98,8 +105,8 @@ def _shared_batch(shape: tuple[int, ...]) -> np.ndarray:
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
     tensor = _SHARED.pop(array.ctypes.data, None)
-    if tensor is not None and tuple(tensor.shape) == array.shape:
-        return tensor
+    if tensor is not None and tuple(tensor.shape[1:]) == array.shape[1:] and len(array) <= len(tensor):
+        return tensor[: len(array)]  # a batch short of its bad samples is the head of its shared array
     return torch.from_numpy(array)
 
 

@@ -14,32 +14,43 @@ __all__ = ["resize_image"]
 _LINEAR_UP_TO = 2.0
 
 
-def resize_image(image: np.ndarray, size: int, *, mode: ResizeMode = "center_crop") -> np.ndarray:
+def resize_image(
+    image: np.ndarray, size: int, *, mode: ResizeMode = "center_crop", into: np.ndarray | None = None
+) -> np.ndarray:
     """``image`` as a ``size`` x ``size`` square; linear or area interpolation down, cubic up.
 
     ``center_crop`` keeps the central square, ``squash`` scales each side on
-    its own, ``pad`` fits the long side and pads the rest with white.
+    its own, ``pad`` fits the long side and pads the rest with white. With
+    ``into`` (uint8 ``size`` x ``size`` x 3, a batch's row, say) the square
+    is written there and ``into`` returned: no array made, no copy after.
     """
     height, width = image.shape[:2]
+    if into is not None and (into.shape != (size, size, 3) or into.dtype != np.uint8):
+        into = None
     if mode == "center_crop":
         side = min(height, width)
         top, left = (height - side) // 2, (width - side) // 2
-        return _scale(image[top : top + side, left : left + side], size, size)
+        return _scale(image[top : top + side, left : left + side], size, size, into)
     if mode == "squash":
-        return _scale(image, size, size)
+        return _scale(image, size, size, into)
     if mode == "pad":
         scale = size / max(height, width)
         new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
         scaled = _scale(image, new_h, new_w)
-        out = np.full((size, size, 3), 255, dtype=np.uint8)
+        out = np.full((size, size, 3), 255, dtype=np.uint8) if into is None else into
+        if into is not None:
+            out[...] = 255
         top, left = (size - new_h) // 2, (size - new_w) // 2
         out[top : top + new_h, left : left + new_w] = scaled
         return out
     raise ValueError(f"unknown resize mode {mode!r}; use center_crop, squash or pad")
 
 
-def _scale(image: np.ndarray, height: int, width: int) -> np.ndarray:
+def _scale(image: np.ndarray, height: int, width: int, into: np.ndarray | None = None) -> np.ndarray:
     if image.shape[0] == height and image.shape[1] == width:
+        if into is not None:
+            into[...] = image
+            return into
         return np.ascontiguousarray(image)
     shrink = min(image.shape[0] / height, image.shape[1] / width)
     if shrink < 1:
@@ -50,5 +61,6 @@ def _scale(image: np.ndarray, height: int, width: int) -> np.ndarray:
         interpolation = cv2.INTER_LINEAR
     else:
         interpolation = cv2.INTER_AREA  # a large shrink needs every source pixel counted
-    out: np.ndarray = cv2.resize(np.ascontiguousarray(image), (width, height), interpolation=interpolation)
+    # A crop is a view with the source's row stride: OpenCV reads it in place, no copy needed first.
+    out: np.ndarray = cv2.resize(image, (width, height), dst=into, interpolation=interpolation)
     return out

@@ -49,10 +49,12 @@ class ImageTransform:
     def __repr__(self) -> str:
         return f"ImageTransform({self.name!r}, size={self.size}, resize={self.resize!r}, augment={self.augment}, seed={self.seed})"
 
-    def __call__(self, record: Mapping[str, Any], *, epoch: int = 0) -> dict[str, Any]:
+    def __call__(self, record: Mapping[str, Any], *, epoch: int = 0, into: np.ndarray | None = None) -> dict[str, Any]:
         """The sample ``{"image", "caption", "key"}`` (plus ``label``, ``embedding``, ``tokens``) of ``record``.
 
         An image-only entry's samples have no ``caption`` (nor ``tokens``).
+        With ``into`` (a batch's row), the image is resized straight into it
+        when no augmentation follows.
         """
         # The record's rng is made only when something draws from it (a Philox costs ~0.08 ms).
         rng = record_rng(self.seed, int(record["__uid__"]), epoch) if self.augment is not None else None
@@ -64,7 +66,7 @@ class ImageTransform:
             if isinstance(image, np.ndarray)
             else decode_image(image, at_least=self.size, max_pixels=self.max_pixels)
         )
-        pixels = resize_image(pixels, self.size, mode=self.resize)
+        pixels = resize_image(pixels, self.size, mode=self.resize, into=into if rng is None else None)
         if rng is not None:
             pixels = augment_image(self.augment, pixels, rng)
         caption = record.get("caption")
@@ -103,8 +105,8 @@ class EmbeddingRowTransform:
     def __repr__(self) -> str:
         return f"EmbeddingRowTransform({self.name!r})"
 
-    def __call__(self, record: Mapping[str, Any], *, epoch: int = 0) -> dict[str, Any]:
-        """The sample of one row."""
+    def __call__(self, record: Mapping[str, Any], *, epoch: int = 0, into: np.ndarray | None = None) -> dict[str, Any]:
+        """The sample of one row (``into`` is for images: a row has none)."""
         sample: dict[str, Any] = {"key": str(record["__key__"]), "image_embedding": record["image_embedding"]}
         if record.get("text_embedding") is not None:
             sample["text_embedding"] = record["text_embedding"]
