@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import functools
+import mmap
 import multiprocessing
 import os
 import re
@@ -91,6 +92,29 @@ def _die_with(parent: int, worker_index: int, worker_count: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="datacat-parent-watch", daemon=True).start()
+
+
+def _plain(shared: np.ndarray) -> np.ndarray:
+    """A plain array of the same pixels as one of grain's shared-memory arrays: no copy, nothing left to unlink.
+
+    The segment is mapped a second time, by this array alone; grain's array
+    unlinks the segment's name when deleted, and the memory is freed when
+    this mapping is (the user drops the batch). Copied where it cannot be.
+    """
+    name = getattr(getattr(shared, "shm", None), "name", None)
+    if not name or not shared.flags.c_contiguous or shared.base is None or not isinstance(shared.base, mmap.mmap):
+        return np.array(shared)
+    try:
+        import _posixshmem  # type: ignore[import-not-found]  # CPython's own binding of shm_open (POSIX), as multiprocessing.shared_memory uses
+
+        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
+        try:
+            mapped = mmap.mmap(fd, shared.nbytes)
+        finally:
+            os.close(fd)
+    except (ImportError, OSError, ValueError):
+        return np.array(shared)
+    return np.frombuffer(mapped, shared.dtype, count=shared.size).reshape(shared.shape)
 
 
 class _EpochRun:
@@ -251,9 +275,9 @@ class JaxLoader(Loader):
         for key, value in batch.items():
             # grain hands arrays over in shared memory; give the user plain arrays and free the segments.
             if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
-                batch[key] = np.array(value)
+                batch[key] = _plain(value)
                 if hasattr(value, "unlink_on_del"):
-                    value.unlink_on_del()
+                    value.unlink_on_del()  # grain's array, deleted now, unlinks the segment's name
         if self.device_put:
             for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
                 if key in batch:
