@@ -57,8 +57,7 @@ PHOTOS = [
 def build_corpus(folder: Path, count: int, shards: int) -> dict[str, int]:
     """Writes shards of ``count`` JPEGs of 0.2-1 MP into folder/{tar,ar}; returns records per shard."""
     from array_record.python import array_record_module
-
-    from datacat.formats.packed import pack_record
+    from shards import write_sample  # benchmarks/, this script's folder
 
     photos = [Image.open(ROOT / "tests" / "data" / "images" / n).convert("RGB") for n in PHOTOS]
     rng = np.random.default_rng(0)
@@ -78,13 +77,8 @@ def build_corpus(folder: Path, count: int, shards: int) -> dict[str, int]:
             image = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.Resampling.BICUBIC)
             buffer = io.BytesIO()
             image.save(buffer, "JPEG", quality=90)
-            data, caption, key = buffer.getvalue(), f"photo {i}", f"{shard:04d}{i:05d}"
             pixels.append(w * h)
-            for ext, payload in (("jpg", data), ("txt", caption.encode())):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-            writer.write(pack_record({"key": key, "jpg": data, "txt": caption}))
+            write_sample(tar, writer, f"{shard:04d}{i:05d}", buffer.getvalue(), f"photo {i}")
         tar.close()
         writer.close()
         per_shard[f"{shard:04d}"] = len(indices)

@@ -56,8 +56,7 @@ def jpegs(n: int) -> list[bytes]:
 def build(folder: Path, count: int, pool: list[bytes]) -> None:
     """``count`` records in SHARDS tars and SHARDS ArrayRecord shards under folder, and their catalog."""
     from array_record.python import array_record_module
-
-    from datacat.formats.packed import pack_record
+    from shards import write_sample  # benchmarks/, this script's folder
 
     (folder / "tar").mkdir(parents=True)
     (folder / "ar").mkdir()
@@ -67,12 +66,7 @@ def build(folder: Path, count: int, pool: list[bytes]) -> None:
         writer = array_record_module.ArrayRecordWriter(str(folder / "ar" / f"{shard:04d}.ar"), "group_size:1")
         with tarfile.open(folder / "tar" / f"{shard:04d}.tar", "w") as tar:
             for i in indices:
-                data, caption, key = pool[i % len(pool)], f"record {i}", f"{i:08d}"
-                for ext, payload in (("jpg", data), ("txt", caption.encode())):
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(payload)
-                    tar.addfile(info, io.BytesIO(payload))
-                writer.write(pack_record({"key": key, "jpg": data, "txt": caption}))
+                write_sample(tar, writer, f"{i:08d}", pool[i % len(pool)], f"record {i}")
         writer.close()
         per_shard[f"{shard:04d}"] = len(indices)
     loading = "{image_size: 32, augmentation: none, val_batches: 0}"
