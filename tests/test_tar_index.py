@@ -231,3 +231,44 @@ def test_indexing_a_shard_holds_no_object_per_member(tmp_path: Path) -> None:
             tracemalloc.stop()
     assert not compressed and spans.shape == (10_000, 2) and spans[1, 0] == spans[0, 1]
     assert peak < 4_000_000, f"indexing 20k members peaked at {peak / 1e6:.1f} MB of Python objects"
+
+
+@pytest.mark.parametrize("long_name", [False, True])
+def test_a_local_shard_indexed_from_its_headers_matches_tarfile(tmp_path: Path, long_name: bool) -> None:
+    # Plain ustar headers are read one pread at a time; a header tarfile must read (here a GNU long name)
+    # sends the whole shard through tarfile. Either way the spans are tarfile's, byte for byte.
+    from datacat.formats.webdataset import _header_spans, _tarfile_spans, member_spans
+
+    path = tmp_path / "0.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        folder = tarfile.TarInfo("images")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        for i in range(6):
+            stem = "images/" + ("x" * 120 if long_name and i == 3 else "") + f"{i:04d}"
+            for ext, payload in (("jpg", b"j" * (100 + 600 * i)), ("cls.txt", b"%d" % i)):
+                info = tarfile.TarInfo(f"{stem}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    with path.open("rb") as stream:
+        fast = _header_spans(stream, str(path))
+        stream.seek(0)
+        slow = _tarfile_spans(stream, b"", str(path), seekable=True)
+        stream.seek(0)
+        spans, _ = member_spans(stream, str(path), seekable=True)
+    assert (fast is None) == long_name
+    assert spans.tolist() == np.frombuffer(slow.spans, np.int64).reshape(-1, 2).tolist() and len(spans) == 6
+    if fast is not None:
+        assert list(fast.spans) == list(slow.spans)
+
+
+def test_indexing_refuses_a_key_that_comes_back_or_a_member_given_twice(tmp_path: Path) -> None:
+    from datacat.formats.webdataset import member_spans
+
+    for name, members, message in (
+        ("back.tar", [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.txt", b"3")], r"key 'a' appears again after other keys"),
+        ("twice.tar", [("a.jpg", b"1"), ("a.jpg", b"2")], r"key 'a' has member \.jpg twice"),
+    ):
+        path = make_tar(tmp_path / name, members)
+        with path.open("rb") as stream, pytest.raises(datacat.errors.RecordError, match=message):
+            member_spans(stream, str(path), seekable=True)
