@@ -395,7 +395,7 @@ class BatchView:
         marks: list[dict[str, Any]] = []
         # Images are resized straight into the batch's rows: no per-image array, no copy to collate.
         size = self.image_size
-        images = (self.allocate or _empty)((len(fetched), size, size, 3)) if fetched and self.view.images else None
+        images = (self.allocate or _empty)((len(fetched), size, size, 3)) if self.view.images else None
         for output in self.view.finish(fetched, into=images):
             (marks if is_marker(output) else samples).append(output)
         # Retries made by a worker process since its last batch (prefetch threads included); the
@@ -403,7 +403,7 @@ class BatchView:
         retries, self._retried = retry_count() - self._retried, retry_count()
         if os.getpid() == self._origin:
             retries = 0
-        collated = collate_numpy(samples, self.image_size, self.allocate, images=images)
+        collated = collate_numpy(samples, images)
         return {"batch": collated, "marks": marks, "retries": retries}
 
 
@@ -415,40 +415,28 @@ def _reads_remote(view: Any) -> bool:
 
 
 Allocate = Callable[[tuple[int, ...]], np.ndarray]
-"""Makes an empty uint8 array of a shape: where a batch's pixels are collated (torch gives shared memory)."""
+"""Makes an empty uint8 array of a shape: the batch its images are resized into (torch gives shared memory)."""
 
 
 def _empty(shape: tuple[int, ...]) -> np.ndarray:
     return np.empty(shape, np.uint8)
 
 
-def collate_numpy(
-    samples: list[dict[str, Any]],
-    image_size: int,
-    allocate: Allocate | None = None,
-    *,
-    images: np.ndarray | None = None,
-) -> dict[str, Any]:
+def collate_numpy(samples: list[dict[str, Any]], images: np.ndarray | None) -> dict[str, Any]:
     """A batch of samples as numpy arrays (image, label, embeddings) and lists (caption, key, tokens).
 
-    The images are copied once, into ``allocate((n, H, W, 3))``; or, given
-    ``images`` (the batch array the samples' images were resized into, a row
-    per fetched record), left where they are, the rows after a bad sample
-    moved up, and the batch is ``images[:n]``.
+    ``images`` is the batch array the samples' images were resized into, a
+    row per fetched record (None for embedding-table rows, which have no
+    image): the images stay where they are, the rows after a bad sample are
+    moved up, and the batch's image is ``images[:n]``.
     """
     batch: dict[str, Any] = {"key": [s["key"] for s in samples]}
-    if images is not None and (not samples or "image" in samples[0]):
+    if images is not None:
         for row, sample in enumerate(samples):
             pixels = sample["image"]
             if pixels.ctypes.data != images[row].ctypes.data or pixels.shape != images.shape[1:]:
                 images[row] = pixels  # a row after a bad sample, or an image made elsewhere (augmented)
         batch["image"] = images[: len(samples)]
-    elif not samples or "image" in samples[0]:  # embedding-table rows have none
-        shape = samples[0]["image"].shape if samples else (image_size, image_size, 3)
-        image = (allocate or _empty)((len(samples), *shape))
-        for slot, sample in zip(image, samples, strict=True):
-            slot[...] = sample["image"]
-        batch["image"] = image
     for name in ("image_embedding", "text_embedding"):
         if samples and name in samples[0]:
             batch[name] = np.stack([s[name] for s in samples])
