@@ -102,7 +102,7 @@ def _plain(shared: np.ndarray) -> np.ndarray:
     this mapping is (the user drops the batch). Copied where it cannot be.
     """
     name = getattr(getattr(shared, "shm", None), "name", None)
-    if not name or not shared.flags.c_contiguous or shared.base is None or not isinstance(shared.base, mmap.mmap):
+    if not name or not shared.flags.c_contiguous or not isinstance(shared.base, mmap.mmap):
         return np.array(shared)
     try:
         import _posixshmem  # type: ignore[import-not-found]  # CPython's own binding of shm_open (POSIX), as multiprocessing.shared_memory uses
