@@ -416,7 +416,11 @@ PERSISTENT_WORKERS = """
 import json, os, sys, time
 import datacat
 
+LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenized.log")
+
 def worker_pid(caption):
+    with open(LOG, "a") as log:  # one line per sample transformed, by any process
+        log.write(caption.replace(chr(10), " ") + chr(10))
     return os.getpid()
 
 if __name__ == "__main__":
@@ -429,6 +433,10 @@ if __name__ == "__main__":
         if not epochs:
             print("WORKERS", json.dumps(sorted(pids[0])), flush=True)
             time.sleep(120)
+        if loader.epoch == 0 and loader.batch == len(loader) - 1:  # the last batch of epoch 0 not yet taken
+            time.sleep(3)
+            with open(LOG) as log:
+                print("AHEAD", sum(1 for _ in log), flush=True)
     print("PIDS", json.dumps({e: sorted(p) for e, p in pids.items()}), os.getpid())
 """
 
@@ -449,6 +457,10 @@ def test_workers_live_across_epochs(framework: str, tmp_path: Path) -> None:
     workers = {e: set(p) - {int(main)} for e, p in per_epoch.items()}
     assert all(p == workers["0"] for p in workers.values()), per_epoch  # no worker started again
     assert len(workers["0"]) == 2 and int(main) not in per_epoch["1"] + per_epoch["2"], per_epoch
+    # While the last batch of epoch 0 waited to be taken, the workers went on into epoch 1 (no drain
+    # between epochs, which would leave a core idle at every epoch's end).
+    ahead = int(next(line for line in done.stdout.splitlines() if line.startswith("AHEAD ")).split()[1])
+    assert ahead > ALL_KEYS, f"{ahead} samples built by then: the workers waited for the epoch to end"
 
 
 LEFT_MID_EPOCH = """

@@ -11,6 +11,7 @@ framework's batch.
 from __future__ import annotations
 
 import atexit
+import bisect
 import gc
 import logging
 import os
@@ -28,12 +29,14 @@ from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger
 
-__all__ = ["Epochs", "Loader"]
+__all__ = ["ENDLESS", "EpochRun", "Epochs", "Loader"]
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
 HOLDOUT_SHARE = 0.1
 """A holdout over this share of the records is warned of: a default meant for millions met a small set."""
+ENDLESS = 1 << 48
+"""The length of an endless EpochRun (grain needs a length)."""
 
 
 class Epochs:
@@ -80,6 +83,67 @@ class Epochs:
         """This rank's batches of epoch ``epoch``, by batch index."""
         view = self.source.view(self.schedule(epoch), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
         return BatchView(view, origin=self.origin, allocate=self.allocate)
+
+
+class EpochRun:
+    """Every batch of epochs ``epoch, epoch + 1, ...`` until ``last`` (None: endless) from batch ``first`` of the first, as one sequence.
+
+    Element ``i`` is built by its epoch's BatchView, made in the process that
+    reads it when first needed (workers read their indices in order, so only
+    the current epoch's view is kept). A pool of workers reading one run
+    crosses from one epoch into the next without waiting for the last
+    batch of the first to be taken. ``stride(worker, workers)`` says this
+    process reads elements ``worker, worker + workers, ...``, so each view
+    reads ahead exactly those.
+    """
+
+    def __init__(self, epochs: Epochs, epoch: int, first: int, last: int | None) -> None:
+        self.epochs, self.epoch, self.first, self.last = epochs, epoch, first, last
+        self._starts = [0]  # element index where each epoch from self.epoch begins
+        self._view: tuple[int, BatchView] | None = None
+        self._stride: tuple[int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_view": None}
+
+    def __repr__(self) -> str:
+        return f"EpochRun({self.epochs!r}, from epoch {self.epoch} batch {self.first}, until {self.last})"
+
+    def __len__(self) -> int:
+        if self.last is None:
+            return ENDLESS
+        while len(self._starts) <= self.last - self.epoch:
+            self._grow()
+        return self._starts[self.last - self.epoch]
+
+    def stride(self, worker: int, workers: int) -> None:
+        """This process reads every ``workers``-th element from ``worker`` on."""
+        self._stride = (worker, workers)
+
+    def _grow(self) -> None:
+        epoch = self.epoch + len(self._starts) - 1
+        skipped = self.first if epoch == self.epoch else 0
+        self._starts.append(self._starts[-1] + self.epochs.schedule(epoch).batches - skipped)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        while self._starts[-1] <= index:
+            self._grow()
+        offset = bisect.bisect_right(self._starts, index) - 1
+        skipped = self.first if offset == 0 else 0
+        if self._view is None or self._view[0] != self.epoch + offset:
+            self.close()
+            self._view = (self.epoch + offset, self.epochs.batches(self.epoch + offset))
+            if self._stride is not None:
+                worker, workers = self._stride
+                mine = self._starts[offset] + (worker - self._starts[offset]) % workers  # this process's first here
+                self._view[1].plan_reads(range(mine - self._starts[offset] + skipped, len(self._view[1]), workers))
+        return self._view[1][index - self._starts[offset] + skipped]
+
+    def close(self) -> None:
+        """Stops the current view's read-ahead."""
+        if self._view is not None:
+            self._view[1].close()
+            self._view = None
 
 
 _OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()  # loaders of this process, closed at its exit

@@ -1,7 +1,7 @@
 """The jax backend: this rank's batches as a grain ``MapDataset`` source, prefetched in grain worker processes.
 
 For random access formats the source is every batch of every epoch from
-where the loader starts (``_EpochRun``: element ``i`` is a batch of some
+where the loader starts (``EpochRun``: element ``i`` is a batch of some
 epoch, built by that epoch's BatchView, which already holds the epoch's
 global shuffle from the seed), so one pool of grain workers serves all
 epochs, interleaved (the same order for any worker count), and resuming is
@@ -18,7 +18,6 @@ Batches are dicts of numpy arrays, or with ``device_put=True`` global
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures
 import functools
 import mmap
@@ -35,12 +34,9 @@ import grain
 import jax
 import numpy as np
 
-from datacat.backends.base import Epochs, Loader
+from datacat.backends.base import EpochRun, Loader
 from datacat.errors import OptionError
-from datacat.pipeline import BatchView
 from datacat.resolve import Plan
-
-_ENDLESS = 1 << 48  # batches in an endless run: grain needs a length
 
 __all__ = ["JaxLoader", "open_jax"]
 
@@ -117,49 +113,6 @@ def _plain(shared: np.ndarray) -> np.ndarray:
     return np.frombuffer(mapped, shared.dtype, count=shared.size).reshape(shared.shape)
 
 
-class _EpochRun:
-    """Every batch of epochs ``epoch, epoch + 1, ...`` from batch ``first`` of the first, as one sequence.
-
-    Element ``i`` is built by its epoch's BatchView, made in the process that
-    reads it when first needed (workers read their indices in order, so only
-    the current epoch's view is kept).
-    """
-
-    def __init__(self, epochs: Epochs, epoch: int, first: int, last: int | None) -> None:
-        self.epochs, self.epoch, self.first, self.last = epochs, epoch, first, last
-        self._starts = [0]  # element index where each epoch from self.epoch begins
-        self._view: tuple[int, BatchView] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_view": None}
-
-    def __repr__(self) -> str:
-        return f"_EpochRun({self.epochs!r}, from epoch {self.epoch} batch {self.first}, until {self.last})"
-
-    def __len__(self) -> int:
-        if self.last is None:
-            return _ENDLESS
-        while len(self._starts) <= self.last - self.epoch:
-            self._grow()
-        return self._starts[self.last - self.epoch]
-
-    def _grow(self) -> None:
-        epoch = self.epoch + len(self._starts) - 1
-        skipped = self.first if epoch == self.epoch else 0
-        self._starts.append(self._starts[-1] + self.epochs.schedule(epoch).batches - skipped)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        while self._starts[-1] <= index:
-            self._grow()
-        offset = bisect.bisect_right(self._starts, index) - 1
-        epoch = self.epoch + offset
-        if self._view is None or self._view[0] != epoch:
-            if self._view is not None:
-                self._view[1].close()
-            self._view = (epoch, self.epochs.batches(epoch))
-        return self._view[1][index - self._starts[offset] + (self.first if offset == 0 else 0)]
-
-
 class JaxLoader(Loader):
     """Batches as dicts of numpy arrays (or ``jax.Array`` with ``device_put=True``)."""
 
@@ -197,7 +150,7 @@ class JaxLoader(Loader):
         if self._iterator is None or self._next != (epoch, first):
             # First epoch, or the last one was left early: a new run from here.
             self.close()
-            run = _EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
+            run = EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
             self._iterator = iter(self._prefetched(grain.MapDataset.source(run), sequential=False))
             self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
             if self.num_workers > 0 and first < self.schedule.batches:

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from datacat.backends.base import Epochs, Loader
+from datacat.backends.base import EpochRun, Epochs, Loader
 from datacat.epochs import round_robin_consumed
 from datacat.errors import DatacatError, OptionError
+from datacat.pipeline import BatchView
 from datacat.resolve import Plan
 
 __all__ = ["TorchLoader", "open_torch", "worker_indices"]
@@ -56,9 +57,13 @@ def worker_indices(length: int, start: int, workers: int, worker: int, *, sequen
 
 
 class _BatchStream(IterableDataset):  # type: ignore[type-arg]
-    """The batches this DataLoader worker builds of the epoch ``position`` names: ``[epoch, first batch]``.
+    """The batches this DataLoader worker builds from where ``position`` says: ``[epoch, first batch, last epoch]``.
 
-    ``position`` is shared memory the main process writes before each epoch
+    Random access formats: every ``num_workers``-th batch of the run of
+    epochs from there until the last (-1: endless), so the workers cross
+    into the next epoch while the main process takes the last batches of
+    this one. Stream formats: this worker's contiguous run of the one epoch.
+    ``position`` is shared memory the main process writes before each run
     (a list when there are no workers), so one pool of workers serves them all.
     """
 
@@ -68,20 +73,26 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Generator[dict[str, Any], None, None]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch, start = int(self.position[0]), int(self.position[1])
-        batches = self.epochs.batches(epoch)
-        try:
-            indices = worker_indices(len(batches), start, workers, worker, sequential=self.sequential)
+        epoch, start, last = (int(value) for value in self.position[:3])
+        if self.sequential:
+            batches = self.epochs.batches(epoch)
+            run: EpochRun | BatchView = batches
+            indices = worker_indices(len(batches), start, workers, worker, sequential=True)
             batches.plan_reads(indices)
+        else:
+            run = EpochRun(self.epochs, epoch, start, None if last < 0 else last)
+            run.stride(worker, workers)
+            indices = range(worker, len(run), workers)
+        try:
             for index in indices:
-                output = batches[index]
+                output = run[index]
                 batch = output["batch"]
                 for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
                     if key in batch:
                         batch[key] = _as_tensor(batch[key])  # tensors cross to the main process in shared memory
                 yield output
         finally:
-            batches.close()  # its read-ahead thread
+            run.close()  # its read-ahead thread
 
 
 _SHARED: dict[int, torch.Tensor] = {}  # batch arrays made by _shared_batch, by data address, until sent
@@ -120,22 +131,30 @@ def _inherit_environment(environment: dict[str, str], worker_id: int) -> None:
     os.environ.update(environment)
 
 
-def _worker_context() -> multiprocessing.context.BaseContext | None:
+def _worker_context(plan: Plan) -> multiprocessing.context.BaseContext | None:
     """Fork, as torch does by default, unless forking this process is known to break the workers.
 
-    A forked worker segfaults once array_record's C++ client has run in this
-    process (by datacat, or seen from its thread pool), and may deadlock
-    beside a started jax backend. Then the workers start from a
-    forkserver (a clean process started once, torch preloaded), which needs the
-    script's top level behind ``if __name__ == "__main__":``.
+    A forked worker segfaults on its first ArrayRecord read once array_record's
+    C++ client has run in this process (by datacat, or seen from its thread
+    pool), and may deadlock beside a started jax backend. Then the workers
+    start from a forkserver (a clean process started once, torch preloaded),
+    which needs the script's top level behind ``if __name__ == "__main__":``.
+    A loader that reads no ArrayRecord forks whatever ran here before it.
     """
-    array_record = sys.modules.get("datacat.formats.ar_shards")
-    opened = array_record is not None and array_record.opened_here()
-    if not _jax_started() and not opened and not _array_record_pool_running():
+    if not _jax_started() and not (_reads_array_record(plan) and _array_record_ran()):
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "datacat.backends.torch"])
     return context
+
+
+def _reads_array_record(plan: Plan) -> bool:
+    return plan.format == "array_record" or any(_reads_array_record(part.plan) for part in plan.components)
+
+
+def _array_record_ran() -> bool:
+    array_record = sys.modules.get("datacat.formats.ar_shards")
+    return (array_record is not None and array_record.opened_here()) or _array_record_pool_running()
 
 
 def _array_record_pool_running() -> bool:
@@ -209,24 +228,43 @@ class TorchLoader(Loader):
         self.worker_timeout = worker_timeout
         self._workers: DataLoader | None = None  # type: ignore[type-arg]
         self._position: Any = None
+        self._run: Iterator[dict[str, Any]] | None = None  # the workers' batches of the current run of epochs
+        self._next: tuple[int, int] | None = None  # the (epoch, batch) self._run yields next
         if self.num_workers:
             self.epochs_of.allocate = _shared_batch  # collated straight into shared memory, sent with no copy
 
     def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         sequential = not self.source.random_access
         if self.num_workers == 0:
-            return iter(_BatchStream(self.epochs_of, [epoch, first], sequential))
+            return iter(_BatchStream(self.epochs_of, [epoch, first, epoch + 1], sequential))
         if self._workers is None:
             self._workers = self._start_workers(sequential)
-        self._position[0], self._position[1] = epoch, first
-        return _unless_stuck(iter(self._workers), self.worker_timeout, self.plan.name)
+        if sequential:  # one epoch at a time: each worker reads its shards front to back
+            self._position[:] = [epoch, first, epoch + 1]
+            return _unless_stuck(iter(self._workers), self.worker_timeout, self.plan.name)
+        if self._run is None or self._next != (epoch, first):
+            # First epoch, or the last one was left early: a new run from here (the workers drop the old one).
+            self._position[:] = [epoch, first, -1 if self.epochs is None else self.epochs]
+            self._run = _unless_stuck(iter(self._workers), self.worker_timeout, self.plan.name)
+        self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
+        return self._from_run(self._run, epoch, first)
+
+    def _from_run(self, run: Iterator[dict[str, Any]], epoch: int, first: int) -> Iterator[dict[str, Any]]:
+        batches = self.schedule.batches
+        for index in range(first, batches):
+            self._next = None  # until this batch is taken: an error here leaves the run unusable
+            output = next(run, None)
+            if output is None:
+                return  # the workers stopped early: the loop taking these batches says so
+            self._next = (epoch, index + 1) if index + 1 < batches else (epoch + 1, 0)
+            yield output
 
     def _start_workers(self, sequential: bool) -> DataLoader:  # type: ignore[type-arg]
-        context = self.multiprocessing_context or _worker_context()
+        context = self.multiprocessing_context or _worker_context(self.plan)
         mp = multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
         if context is not None and context != "fork":
-            _check_picklable(_BatchStream(self.epochs_of, [0, 0], sequential))
-        self._position = mp.RawArray("q", 2)  # reaches every worker as it starts, so any start method works
+            _check_picklable(_BatchStream(self.epochs_of, [0, 0, 1], sequential))
+        self._position = mp.RawArray("q", 3)  # reaches every worker as it starts, so any start method works
         return DataLoader(
             _BatchStream(self.epochs_of, self._position, sequential),
             batch_size=None,
@@ -241,11 +279,11 @@ class TorchLoader(Loader):
 
     def _cold(self, epoch: int, first: int) -> bool:
         # Forked workers are ready in milliseconds: building a batch here too would only compete with them.
-        context = self.multiprocessing_context or _worker_context()
+        context = self.multiprocessing_context or _worker_context(self.plan)
         return self._workers is None and context not in (None, "fork")
 
     def _head(self, epoch: int, first: int) -> dict[str, Any]:
-        stream = _BatchStream(self.epochs_of, [epoch, first], not self.source.random_access).__iter__()
+        stream = _BatchStream(self.epochs_of, [epoch, first, epoch + 1], not self.source.random_access).__iter__()
         try:
             return next(stream)  # as a worker sends it: tensors
         finally:
@@ -253,7 +291,7 @@ class TorchLoader(Loader):
 
     def close(self) -> None:
         # Dropping the DataLoader drops its iterator, whose finaliser stops and joins the workers.
-        self._workers = None
+        self._workers, self._run, self._next = None, None, None
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.image_layout == "chw_float" and "image" in batch:
