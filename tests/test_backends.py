@@ -421,10 +421,27 @@ LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenized.log")
 def worker_pid(caption):
     with open(LOG, "a") as log:  # one line per sample transformed, by any process
         log.write(caption.replace(chr(10), " ") + chr(10))
+    if str(os.getpid()) == os.environ.get("TEST_MAIN_PID"):  # a first batch built here, while workers are slow to start
+        print("HEAD WHILE WORKERS", len(worker_processes()), flush=True)
     return os.getpid()
+
+def worker_processes():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == os.getpid() and (b"spawn_main" in command or b"forkserver" in command):
+            found.append(pid)
+    return found
 
 if __name__ == "__main__":
     framework, epochs = sys.argv[1], int(sys.argv[2])
+    os.environ["TEST_MAIN_PID"] = str(os.getpid())
     loader = datacat.open("sample-arrayrecord", framework=framework, batch_size=4, num_workers=2, seed=1,
                           epochs=epochs or None, tokenize=worker_pid)
     pids = {}
@@ -461,6 +478,10 @@ def test_workers_live_across_epochs(framework: str, tmp_path: Path) -> None:
     # between epochs, which would leave a core idle at every epoch's end).
     ahead = int(next(line for line in done.stdout.splitlines() if line.startswith("AHEAD ")).split()[1])
     assert ahead > ALL_KEYS, f"{ahead} samples built by then: the workers waited for the epoch to end"
+    # grain's spawned workers boot (importing jax) only once the first batch is built here: booting
+    # beside it, they would slow it down. Forked torch workers start at once, so nothing is built here.
+    booting = [int(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("HEAD WHILE WORKERS")]
+    assert booting == ([0] * 4 if framework == "jax" else []), booting
 
 
 LEFT_MID_EPOCH = """

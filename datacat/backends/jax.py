@@ -132,6 +132,7 @@ class JaxLoader(Loader):
         self._iterator: Any = None
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
         self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
+        self._boot: threading.Thread | None = None  # the thread that asks for it, until started
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
@@ -154,14 +155,27 @@ class JaxLoader(Loader):
             self._iterator = iter(self._prefetched(grain.MapDataset.source(run), sequential=False))
             self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
             if self.num_workers > 0 and first < self.schedule.batches:
-                # grain starts its workers on the first next(): ask for it now, in a thread, so they boot
-                # while this process builds the first batch itself (Loader.__iter__).
+                # grain starts its workers on the first next(): asked for in a thread once this process has
+                # built the first batch itself (Loader.__iter__), so the workers boot (importing jax again)
+                # while the user takes it, and do not slow the first batch down.
                 self._first = concurrent.futures.Future()
-                threading.Thread(target=_take_first, args=(self._iterator, self._first), daemon=True).start()
+                self._boot = threading.Thread(target=_take_first, args=(self._iterator, self._first), daemon=True)
         return self._from_run(epoch, first)
+
+    def _head(self, epoch: int, first: int) -> dict[str, Any]:
+        try:
+            return super()._head(epoch, first)
+        finally:
+            self._start_workers()
+
+    def _start_workers(self) -> None:
+        boot, self._boot = self._boot, None
+        if boot is not None:
+            boot.start()
 
     def _from_run(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         batches = self.schedule.batches
+        self._start_workers()  # if no first batch was built here
         for index in range(first, batches):
             try:
                 if self._first is not None:
@@ -215,7 +229,7 @@ class JaxLoader(Loader):
     def close(self) -> None:
         # grain's close() stops its worker processes and frees the batches in flight. Dropping the
         # iterator is not enough: the thread that asked for its first batch may still hold it.
-        iterator, self._iterator, self._next, self._first = self._iterator, None, None, None
+        iterator, self._iterator, self._next, self._first, self._boot = self._iterator, None, None, None, None
         if iterator is not None:
             iterator.close()
 
