@@ -82,10 +82,15 @@ def test_member_decoding(tmp_path: Path) -> None:
     members = [
         ("k.jpg", b"x"),
         ("k.txt", b"hi"),
-        ("k.json", json.dumps({"a": 1}).encode()),
+        ("k.json", b'{"status": "success", "url": '),  # metadata cut short: not named by the entry
         ("k.cls", b" 7\n"),
         ("k.npy", array.getvalue()),
         ("k.weird", b"\x00\x01"),
+        ("l.jpg", b"x"),
+        ("l.txt", b"hi"),
+        ("l.json", json.dumps({"a": 1}).encode()),
+        ("l.cls", b"seven"),
+        ("l.npy", array.getvalue()),
     ]
     make_tar(tmp_path / "0.tar", members)
     catalog = _catalog(
@@ -93,9 +98,19 @@ def test_member_decoding(tmp_path: Path) -> None:
         "t: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, record: {label: cls, embedding: npy}}\n",
     )
     reader = TarStream(datacat.resolve("t", catalog=catalog))
-    record = reader.parse(next(reader.iter_shard(0)))
-    assert record["caption"] == "hi" and record["label"] == 7 and record["members"]["json"] == {"a": 1}
-    assert record["embedding"].tolist() == [0, 1, 2, 3] and record["members"]["weird"] == b"\x00\x01"
+    first, second = reader.iter_shard(0)
+    record = reader.parse(first)
+    assert record["caption"] == "hi" and record["label"] == 7 and record["image"] == b"x"
+    assert record["embedding"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"member \.cls cannot be decoded"):
+        reader.parse(second)  # a member the entry names is decoded, and refused when damaged
+    json_keyed = _catalog(
+        tmp_path,
+        "j: {description: d, format: webdataset, location: {root: ., shards: 0.tar}, record: {label: cls, key: json}}\n",
+    )
+    reader = TarStream(datacat.resolve("j", catalog=json_keyed))
+    with pytest.raises(ValueError, match=r"member \.json cannot be decoded"):
+        reader.parse(next(reader.iter_shard(0)))
 
 
 def test_skip_yields_every_good_sample_and_ledgers_the_bad(tmp_path: Path) -> None:

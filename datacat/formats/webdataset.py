@@ -401,8 +401,13 @@ def decode_member(ext: str, data: bytes) -> tuple[str, Any]:
 
 
 def parse_sample(record: Record, item: RawItem) -> dict[str, Any]:
-    """The record of one tar sample: its members decoded and mapped by the entry's record layout."""
-    members = dict(decode_member(ext, data) for ext, data in item.payload.items())
+    """The record of one tar sample: the members the entry's record layout names, decoded.
+
+    Members it does not name (img2dataset's ``.json`` metadata, say) are not
+    decoded: they cost time, and a damaged one would lose a good sample.
+    """
+    named = {record.image, record.caption, record.label, record.key, record.embedding}
+    members = dict(decode_member(ext, data) for ext, data in item.payload.items() if ext.removesuffix(".gz") in named)
     out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
     out["image"] = members.get(record.image) if record.image else None
     out["caption"] = record_caption(members, (record.caption,)) if record.caption else None
@@ -412,7 +417,6 @@ def parse_sample(record: Record, item: RawItem) -> dict[str, Any]:
         out["__key__"] = str(members[record.key])
     if record.embedding:
         out["embedding"] = members.get(record.embedding)
-    out["members"] = members
     return out
 
 
