@@ -379,6 +379,21 @@ def test_forkserver_workers_see_the_loaders_environment(monkeypatch: pytest.Monk
     assert set(first_tokens()) == {"set after the server started"}
 
 
+def test_workers_fork_unless_they_read_array_records_after_this_process_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datacat.backends import torch as backend
+
+    mixtures = datacat.load_catalog([Path(__file__).parent / "catalogs" / "valid" / "mixtures.yaml"])
+    tars, records = datacat.resolve("sample"), datacat.resolve("sample-arrayrecord")
+    mixed = datacat.resolve("mix", catalog=mixtures)  # sample tars and sample ArrayRecords
+    monkeypatch.setattr(backend, "_array_record_ran", lambda: False)
+    assert all(backend._worker_context(plan) is None for plan in (tars, records, mixed))
+    monkeypatch.setattr(backend, "_array_record_ran", lambda: True)  # ArrayRecords were read in this process
+    # A tar loader's workers never touch array_record's half-alive client: they fork, starting in milliseconds.
+    assert backend._worker_context(tars) is None
+    assert backend._worker_context(records).get_start_method() == "forkserver"
+    assert backend._worker_context(mixed).get_start_method() == "forkserver"
+
+
 def _stuck(caption: str) -> str:
     import time
 

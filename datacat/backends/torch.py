@@ -5,9 +5,12 @@ formats: every ``num_workers``-th batch, so the merged order is the same for
 any worker count; stream formats: one contiguous run of batches each, read
 front to back), sends each as tensors through shared memory, and the main
 process takes them in order. The workers live across epochs
-(``persistent_workers``): before each epoch the main process writes the
-epoch and first batch into a small shared array, and each worker builds
-that epoch's view itself from the pickled ``Epochs``.
+(``persistent_workers``): the main process writes where a run starts (epoch,
+first batch, last epoch) into a small shared array, and each worker builds
+each epoch's view itself from the pickled ``Epochs``. A random access run
+spans every epoch to the last, so workers go on into the next epoch while
+the main process takes the last batches of this one (a reset at each epoch
+would leave a core idle at every epoch's end).
 """
 
 from __future__ import annotations
