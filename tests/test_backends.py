@@ -153,9 +153,11 @@ def _resume_case(framework: str, name: str, workers: int, ks: list[int]) -> None
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_resume_in_a_new_process_continues_exactly(framework: str) -> None:
-    # 7 batches an epoch: k = 7 is the epoch boundary, 9 is inside the second epoch.
-    _resume_case(framework, "sample-arrayrecord", 2, [1, 3, 7, 9])
-    _resume_case(framework, "sample", 2, [2, 7, 10])
+    # 7 batches an epoch: k = 7 is the epoch boundary, 9 is inside the second epoch. Each stop and
+    # resume is a loader whose workers start again (grain spawns them: ~4 s each), so jax, whose random
+    # access resume is only where its run starts, takes one stop in each epoch.
+    _resume_case(framework, "sample-arrayrecord", 2, [1, 3, 7, 9] if framework == "torch" else [3, 9])
+    _resume_case(framework, "sample", 2, [2, 7, 10] if framework == "torch" else [2, 7])
 
 
 def test_state_from_another_plan_is_refused() -> None:
@@ -466,7 +468,7 @@ if __name__ == "__main__":
             print("WORKERS", json.dumps(sorted(pids[0])), flush=True)
             time.sleep(120)
         if loader.epoch == 0 and loader.batch == len(loader) - 1:  # the last batch of epoch 0 not yet taken
-            time.sleep(3)
+            time.sleep(1)
             with open(LOG) as log:
                 print("AHEAD", sum(1 for _ in log), flush=True)
     print("PIDS", json.dumps({e: sorted(p) for e, p in pids.items()}), os.getpid())

@@ -51,10 +51,20 @@ def test_every_row_once_over_ranks_and_workers_and_the_validation_rows_never_mov
 
     _tables(tmp_path)
     env = {"DATACAT_CATALOG": str(_catalog(tmp_path))}
-    for framework in ("torch", "jax"):
+    for framework, world in (("torch", 4), ("jax", 2)):  # each jax rank spawns its workers: 2 x 2 boots on 2 cores
         loads = [
-            [{"name": "prior", "batch_size": 3, "num_workers": 2, "world_size": 4, "rank": r, "seed": 2, "epochs": 1}]
-            for r in range(4)
+            [
+                {
+                    "name": "prior",
+                    "batch_size": 3,
+                    "num_workers": 2,
+                    "world_size": world,
+                    "rank": r,
+                    "seed": 2,
+                    "epochs": 1,
+                }
+            ]
+            for r in range(world)
         ]
         keys = [k for rank in run_ranks(framework, loads, env=env) for b in rank[0]["batches"] for k in b]
         assert sorted(_row(k) for k in keys) == list(range(60)), framework  # every training row once, none held
