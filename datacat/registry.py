@@ -54,7 +54,10 @@ class Format:
     name of this format from a mistake; ``shards_are`` says what one is.
     ``counted`` says how ``datacat count`` counts: per shard, or not at all
     (records counted when the entry is opened). ``rows`` marks a format
-    whose records are embedding rows, not images.
+    whose records are embedding rows, not images. ``used_here`` is set for a
+    format whose native library a forked child cannot use once its parent
+    has: it tells whether this process has loaded it (worker processes then
+    start from a forkserver).
     """
 
     reader: Callable[[Plan], Any]
@@ -67,6 +70,7 @@ class Format:
     shards_are: str = ""
     counted: Literal["per_shard", "at_open"] = "per_shard"
     rows: bool = False
+    used_here: Callable[[], bool] | None = None
     hint: str = ""
 
 

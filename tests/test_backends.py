@@ -382,15 +382,26 @@ def test_forkserver_workers_see_the_loaders_environment(monkeypatch: pytest.Monk
     assert set(first_tokens()) == {"set after the server started"}
 
 
-def test_workers_fork_unless_they_read_array_records_after_this_process_did(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_fork_unless_they_read_array_records_after_this_process_did(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from helpers import make_array_record
+
     from datacat.backends import torch as backend
 
     mixtures = datacat.load_catalog([Path(__file__).parent / "catalogs" / "valid" / "mixtures.yaml"])
     tars, records = datacat.resolve("sample"), datacat.resolve("sample-arrayrecord")
     mixed = datacat.resolve("mix", catalog=mixtures)  # sample tars and sample ArrayRecords
-    monkeypatch.setattr(backend, "_array_record_ran", lambda: False)
+    import array_record.python  # the package alone: no C++
+
+    # As in a fresh process: the C++ module not loaded (earlier tests here have loaded it).
+    monkeypatch.delitem(sys.modules, "array_record.python.array_record_module", raising=False)
+    monkeypatch.delattr(array_record.python, "array_record_module", raising=False)
     assert all(backend._worker_context(plan) is None for plan in (tars, records, mixed))
-    monkeypatch.setattr(backend, "_array_record_ran", lambda: True)  # ArrayRecords were read in this process
+    # Opening a loader loads no C++ client here: only a read or a write does.
+    datacat.open(records, framework="torch", batch_size=4, num_workers=2)
+    assert backend._worker_context(records) is None
+    make_array_record(tmp_path / "written.ar", [b"x"])  # a write, not a read, makes a forked reader crash
     # A tar loader's workers never touch array_record's half-alive client: they fork, starting in milliseconds.
     assert backend._worker_context(tars) is None
     assert backend._worker_context(records).get_start_method() == "forkserver"
@@ -500,6 +511,36 @@ def test_workers_live_across_epochs(framework: str, tmp_path: Path) -> None:
     # beside it, they would slow it down. Forked torch workers start at once, so nothing is built here.
     booting = [int(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("HEAD WHILE WORKERS")]
     assert booting == ([0] * 4 if framework == "jax" else []), booting
+
+
+def test_torch_workers_fill_a_batch_array_again_only_once_the_loop_dropped_it() -> None:
+    import torch
+
+    from datacat.backends.torch import SLOTS
+
+    def shm_file(batch: dict[str, Any]) -> int:  # the shared-memory file under the batch's pixels
+        fd, _ = batch["image"].untyped_storage()._share_fd_cpu_()
+        return os.fstat(fd).st_ino
+
+    options: dict[str, Any] = {"framework": "torch", "batch_size": 4, "epochs": 3, "seed": 2}
+    reference = [batch["image"].clone() for batch in datacat.open("sample", **options)]
+    assert len(reference) > 2 * SLOTS + 2
+
+    held = list(datacat.open("sample", num_workers=2, **options))  # every batch kept: none may be filled again
+    assert all(torch.equal(a["image"], b) for a, b in zip(held, reference, strict=True))
+    assert len({shm_file(batch) for batch in held}) == len(held)
+    del held
+
+    loader = datacat.open("sample", num_workers=2, **options)
+    start, files = loader.state_dict(), set()
+    for _ in range(3):  # runs left early and started again: the arrays of batches on their way come back
+        loader.load_state_dict(start)
+        files.update(shm_file(batch) for _, batch in zip(range(3), loader, strict=False))
+    loader.load_state_dict(start)
+    for batch, expected in zip(loader, reference, strict=True):  # each dropped before the next is taken
+        assert torch.equal(batch["image"], expected)
+        files.add(shm_file(batch))
+    assert len(files) <= 2 * SLOTS, f"{len(files)} arrays for {len(reference) + 9} batches: not filled again"
 
 
 LEFT_MID_EPOCH = """

@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -34,10 +33,9 @@ __all__ = [
     "count_records",
     "index_dir",
     "index_shard",
-    "note_opened",
     "open_shard",
-    "opened_here",
     "remember_counts",
+    "used_here",
 ]
 
 
@@ -46,22 +44,16 @@ def index_dir() -> Path:
     return cache_dir() / "ar-index"
 
 
-def opened_here() -> bool:
-    """Whether this process has opened an ArrayRecord reader: forking it after that crashes the child.
+def used_here() -> bool:
+    """Whether array_record's C++ library is loaded in this process: a child forked after it ran crashes reading.
 
-    array_record's C++ client keeps process-wide state that a forked child
-    inherits half-alive (seen here: the child segfaults on its first read).
+    Its readers and writers keep process-wide native state (a reader's pool
+    of ~64 threads) that a forked child inherits half-alive: seen here, the
+    child segfaults on its first read, after this process read or only
+    wrote ArrayRecords. datacat loads the library only to read or write, so
+    loaded is taken as used (by datacat or by anything else in the process).
     """
-    return os.getpid() == _OPENED_IN
-
-
-_OPENED_IN = 0
-
-
-def note_opened() -> None:
-    """Records that this process opened a C++ reader (see :func:`opened_here`)."""
-    global _OPENED_IN
-    _OPENED_IN = os.getpid()
+    return "array_record.python.array_record_module" in sys.modules
 
 
 class _NotOpened(RuntimeError):
@@ -71,8 +63,6 @@ class _NotOpened(RuntimeError):
 def open_shard(url: str) -> Any:
     """array_record's C++ reader of one shard, open; a missing or damaged shard is an error naming it."""
     from array_record.python import array_record_module
-
-    note_opened()
 
     def attempt() -> Any:
         # The C++ reader does not raise on a failed open: ok() turns False and close() raises the status.

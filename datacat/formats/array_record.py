@@ -32,10 +32,9 @@ from datacat.formats.ar_shards import (
     count_elsewhere,
     index_dir,
     index_shard,
-    note_opened,
     open_shard,
-    opened_here,
     remember_counts,
+    used_here,
 )
 from datacat.formats.packed import unpack_pre_resized, unpack_record
 from datacat.formats.storage import is_remote, read_ranges, with_retries
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMAT", "ArrayRecordReader", "opened_here"]
+__all__ = ["FORMAT", "ArrayRecordReader"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +65,6 @@ class ArrayRecordReader:
     random_access: Literal[True] = True
 
     def __init__(self, plan: Plan) -> None:
-        # The C++ reader (it also reads gs:// itself); only array_record entries need it.
-        from array_record.python import array_record_data_source
-
         self.name = plan.name
         self.urls = tuple(s.url for s in plan.shards)
         self.names = tuple(s.name for s in plan.shards)
@@ -97,9 +93,7 @@ class ArrayRecordReader:
             remember_counts(plan, counts)
         self.counts = tuple(int(n or 0) for n in counts)
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
-        self.source = array_record_data_source.ArrayRecordDataSource(
-            [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, self.counts, strict=True)]
-        )
+        self._source: Any = None
         self._checked: set[int] = set()
 
     def __repr__(self) -> str:
@@ -111,8 +105,24 @@ class ArrayRecordReader:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_checked"] = set()
+        state["_source"] = None  # opens its readers again in each process
         state["_chunks"] = {}  # workers map the index files themselves
         return state
+
+    @property
+    def source(self) -> Any:
+        """array_record's data source over the shards (its C++ reader also reads gs:// itself), made on first read.
+
+        Made here, not when the entry is opened: loading the C++ library in a
+        process makes forking it unsafe (:func:`~datacat.formats.ar_shards.used_here`).
+        """
+        if self._source is None:
+            from array_record.python import array_record_data_source
+
+            self._source = array_record_data_source.ArrayRecordDataSource(
+                [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, self.counts, strict=True)]
+            )
+        return self._source
 
     def _chunk_indexes(self, plan: Plan) -> list[ShardFacts] | None:
         # Each remote shard's chunk index, from the cache or read now (all shards at once); None if a shard's
@@ -181,7 +191,6 @@ class ArrayRecordReader:
         where = [self.locate(i) for i in indices]
         if self.index_files:
             return self._items(indices, where, self._read_ranges(where))
-        note_opened()  # the data source opens its readers on these reads
         try:
             for shard in {s for s, _ in where} - self._checked:
                 self._open_shard(shard)
@@ -364,5 +373,6 @@ FORMAT = Format(
     "random",
     ("packed", "pre_resized", "single", "tf_example"),
     _contract,
+    used_here=used_here,
     hint="array_record shards need array-record: pip install array-record",
 )
