@@ -34,7 +34,7 @@ import grain
 import jax
 import numpy as np
 
-from datacat.backends.base import EpochRun, Loader, keep_freed_memory
+from datacat.backends.base import EpochRun, Loader
 from datacat.errors import OptionError
 from datacat.resolve import Plan
 
@@ -80,9 +80,7 @@ def _take_first(iterator: Any, future: concurrent.futures.Future[dict[str, Any]]
         future.set_exception(exc)
 
 
-def _start_worker(parent: int, worker_index: int, worker_count: int) -> None:
-    keep_freed_memory()
-
+def _die_with(parent: int, worker_index: int, worker_count: int) -> None:
     # grain spawns its workers; a parent killed by SIGKILL would leave them waiting forever.
     def watch() -> None:
         while os.getppid() == parent:
@@ -220,7 +218,7 @@ class JaxLoader(Loader):
             _mark_flags_parsed()
             dataset = dataset.mp_prefetch(
                 grain.multiprocessing.MultiprocessingOptions(num_workers=self.num_workers),
-                worker_init_fn=functools.partial(_start_worker, os.getpid()),
+                worker_init_fn=functools.partial(_die_with, os.getpid()),
                 sequential_slice=sequential,
             )
         return dataset
