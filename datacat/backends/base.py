@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import ctypes
 import gc
 import logging
 import os
-import sys
 import weakref
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -31,35 +29,13 @@ from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger
 
-__all__ = ["EpochRun", "Epochs", "Loader", "keep_freed_memory"]
+__all__ = ["EpochRun", "Epochs", "Loader"]
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
 HOLDOUT_SHARE = 0.1
 """A holdout over this share of the records is warned of: a default meant for millions met a small set."""
 _ENDLESS = 1 << 48  # the length of an endless EpochRun (grain needs a length)
-
-
-def keep_freed_memory() -> None:
-    """In a torch worker: glibc's malloc keeps memory freed for the next sample instead of unmapping it.
-
-    A sample's bytes and its decoded image (0.1-3 MB) lie over glibc's
-    adaptive mmap threshold, or at the top of the read-ahead thread's arena,
-    which it trims: by default each is mapped afresh and faulted in page by
-    page. Fixed thresholds (a worker's working set is a few batches) cut a
-    worker's CPU per image by ~6 % here (sys time 0.12 -> 0.05 ms an image).
-    Other C libraries keep their own malloc's choices. Not in grain's
-    workers: no gain measured there (grain copies each batch into fresh shared
-    memory itself), and their memory crept up ~6 MB over a 100k-record epoch.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # glibc's; musl's does nothing
-    except (OSError, AttributeError):
-        return
-    mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD: free memory kept at the top of a heap before returning it
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum): blocks under it come from the heaps
 
 
 class Epochs:
