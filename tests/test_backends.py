@@ -576,7 +576,7 @@ def test_a_script_that_exits_mid_epoch_prints_nothing_more(framework: str, worke
     assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr[-3000:]
 
 
-def test_grain_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+def test_grain_workers_build_few_batches_ahead_and_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     import signal
     import time
 
@@ -590,6 +590,15 @@ def test_grain_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         line = next(line for line in proc.stdout if line.startswith("WORKERS "))
         workers = json.loads(line.split(" ", 1)[1])
         assert workers and all(Path(f"/proc/{pid}").exists() for pid in workers)
+        # While the loop sleeps after its first batch, the workers build a few batches ahead and wait:
+        # 5 a worker, 1 built here while they start and 1 asked of them meanwhile, 12 batches of 4 in all.
+        # grain's reader alone would go on for 500 batches a worker.
+        log, counts = tmp_path / "tokenized.log", [0]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (counts[-1] <= 4 or counts[-1] != counts[-4]):  # workers up, 1.5 s still
+            time.sleep(0.5)
+            counts.append(len(log.read_text().splitlines()))
+        assert counts[-1] <= 4 * 14, f"{counts[-1]} samples built for 1 batch taken: the workers ran ahead"
     finally:
         proc.send_signal(signal.SIGKILL)  # as the OOM killer or a preempted job does: no cleanup runs
         proc.wait()
@@ -600,6 +609,33 @@ def test_grain_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         time.sleep(0.2)
     alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
     assert not alive, f"grain workers {alive} outlived their killed parent"
+
+
+IN_PROCESS_AHEAD = """
+import os, time
+import datacat
+
+LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "built.log")
+
+def logged(caption):
+    with open(LOG, "a") as log:
+        log.write(chr(10))
+    return 0
+
+if __name__ == "__main__":
+    loader = datacat.open("sample-arrayrecord", framework="jax", batch_size=4, epochs=None, seed=1, tokenize=logged)
+    next(iter(loader))
+    time.sleep(1.5)  # a training step slower than loading
+    with open(LOG) as log:
+        print("BUILT", len(log.read()), flush=True)
+"""
+
+
+def test_jax_without_workers_builds_two_batches_ahead(tmp_path: Path) -> None:
+    done = run_script(tmp_path / "ahead.py", IN_PROCESS_AHEAD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = int(next(line for line in done.stdout.splitlines() if line.startswith("BUILT ")).split()[1])
+    assert built <= 4 * 3, f"{built} samples built for 1 batch taken: grain's reader ran ahead (500 batches by default)"
 
 
 def test_unguarded_script_with_grain_workers_gets_one_clear_error(tmp_path: Path) -> None:

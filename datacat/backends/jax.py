@@ -213,7 +213,13 @@ class JaxLoader(Loader):
     def _prefetched(self, source: Any, *, sequential: bool) -> Any:
         # One reader thread per process: a batch is already a unit of work, and more
         # threads would only contend for the two cores with the worker processes.
-        dataset = source.to_iter_dataset(grain.ReadOptions(num_threads=self.read_threads))
+        # grain's reader builds up to prefetch_buffer_size (default 500) elements ahead,
+        # taken or not: 500 batches of ~12 MB a worker under a training step slower than
+        # loading. A worker's reader builds the next batch while the last is handed over;
+        # grain holds 4 more a worker on their way (the worker's hand, its queue, and this
+        # process's reader thread of it, holding one and buffering one).
+        ahead = self.read_threads if self.num_workers > 0 else max(2, self.read_threads)
+        dataset = source.to_iter_dataset(grain.ReadOptions(num_threads=self.read_threads, prefetch_buffer_size=ahead))
         if self.num_workers > 0:
             _mark_flags_parsed()
             dataset = dataset.mp_prefetch(
