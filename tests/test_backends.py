@@ -543,6 +543,48 @@ def test_torch_workers_fill_a_batch_array_again_only_once_the_loop_dropped_it() 
     assert len(files) <= 2 * SLOTS, f"{len(files)} arrays for {len(reference) + 9} batches: not filled again"
 
 
+JAX_SLOTS = """
+import hashlib, json, os
+import datacat
+
+def digest(batch):
+    return hashlib.md5(batch["image"].tobytes()).hexdigest()
+
+def mapping(array):  # the memory under an array: its owner, or the mmap under a memoryview
+    while array.base is not None and not isinstance(array.base, memoryview):
+        array = array.base
+    return array if array.base is None else array.base.obj
+
+if __name__ == "__main__":
+    options = dict(framework="jax", batch_size=4, epochs=3, seed=2)
+    reference = [digest(batch) for batch in datacat.open("sample-arrayrecord", **options)]
+    held = list(datacat.open("sample-arrayrecord", num_workers=2, **options))  # none may be filled again
+    loader = datacat.open("sample-arrayrecord", num_workers=2, **options)
+    digests, mappings = [], []
+    for batch in loader:  # each dropped before the next is taken
+        digests.append(digest(batch))
+        mappings.append(mapping(batch["image"]))  # kept, so ids stay unique
+    left = [name for name in os.listdir("/dev/shm") if name.startswith(f"dc{os.getpid():x}")]
+    print("RESULT", json.dumps({"batches": len(reference), "held": [digest(b) for b in held] == reference,
+                                "dropped": digests == reference, "memory": len({id(m) for m in mappings}), "left": left}))
+"""
+
+
+def test_jax_workers_fill_a_batch_array_again_only_once_the_loop_dropped_it(tmp_path: Path) -> None:
+    from datacat.backends.grain_memory import SLOTS
+
+    done = run_script(tmp_path / "slots.py", JAX_SLOTS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["batches"] > 2 * SLOTS + 2 and result["held"] and result["dropped"], result
+    # +1: the first batch, built in this process while the workers start.
+    assert result["memory"] <= 2 * SLOTS + 1, (
+        f"{result['memory']} arrays for {result['batches']} batches: not filled again"
+    )
+    assert result["left"] == [], result
+    assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 LEFT_MID_EPOCH = """
 import sys
 import datacat
@@ -599,6 +641,7 @@ def test_grain_workers_build_few_batches_ahead_and_exit_when_their_parent_is_kil
             time.sleep(0.5)
             counts.append(len(log.read_text().splitlines()))
         assert counts[-1] <= 4 * 14, f"{counts[-1]} samples built for 1 batch taken: the workers ran ahead"
+        assert shared_memory_of(proc.pid), "no slot table in /dev/shm: the workers' batches are not in slots"
     finally:
         proc.send_signal(signal.SIGKILL)  # as the OOM killer or a preempted job does: no cleanup runs
         proc.wait()
@@ -609,6 +652,15 @@ def test_grain_workers_build_few_batches_ahead_and_exit_when_their_parent_is_kil
         time.sleep(0.2)
     alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
     assert not alive, f"grain workers {alive} outlived their killed parent"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and shared_memory_of(proc.pid):
+        time.sleep(0.2)  # the resource tracker unlinks what the family left once its last process is gone
+    assert not shared_memory_of(proc.pid), shared_memory_of(proc.pid)
+
+
+def shared_memory_of(pid: int) -> list[str]:
+    """The names in /dev/shm of a loader's slot table and its workers' slots (grain_memory.Slots)."""
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"dc{pid:x}")]
 
 
 IN_PROCESS_AHEAD = """

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import mmap
 import multiprocessing
 import os
 import re
@@ -34,6 +33,7 @@ import grain
 import jax
 import numpy as np
 
+from datacat.backends import grain_memory
 from datacat.backends.base import EpochRun, Loader
 from datacat.errors import OptionError
 from datacat.resolve import Plan
@@ -80,7 +80,7 @@ def _take_first(iterator: Any, future: concurrent.futures.Future[dict[str, Any]]
         future.set_exception(exc)
 
 
-def _die_with(parent: int, worker_index: int, worker_count: int) -> None:
+def _start_worker(parent: int, slots: tuple[str, int] | None, worker_index: int, worker_count: int) -> None:
     # grain spawns its workers; a parent killed by SIGKILL would leave them waiting forever.
     def watch() -> None:
         while os.getppid() == parent:
@@ -88,29 +88,8 @@ def _die_with(parent: int, worker_index: int, worker_count: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="datacat-parent-watch", daemon=True).start()
-
-
-def _plain(shared: np.ndarray) -> np.ndarray:
-    """A plain array of the same pixels as one of grain's shared-memory arrays: no copy, nothing left to unlink.
-
-    The segment is mapped a second time, by this array alone; grain's array
-    unlinks the segment's name when deleted, and the memory is freed when
-    this mapping is (the user drops the batch). Copied where it cannot be.
-    """
-    name = getattr(getattr(shared, "shm", None), "name", None)
-    if not name or not shared.flags.c_contiguous or not isinstance(shared.base, mmap.mmap):
-        return np.array(shared)
-    try:
-        import _posixshmem  # type: ignore[import-not-found]  # CPython's own binding of shm_open (POSIX), as multiprocessing.shared_memory uses
-
-        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
-        try:
-            mapped = mmap.mmap(fd, shared.nbytes)
-        finally:
-            os.close(fd)
-    except (ImportError, OSError, ValueError):
-        return np.array(shared)
-    return np.frombuffer(mapped, shared.dtype, count=shared.size).reshape(shared.shape)
+    if slots is not None:
+        grain_memory.worker_slots(*slots, worker_index)
 
 
 class JaxLoader(Loader):
@@ -133,6 +112,9 @@ class JaxLoader(Loader):
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
         self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
         self._boot: threading.Thread | None = None  # the thread that asks for it, until started
+        self._slots: grain_memory.Slots | None = None  # the run's reusable batch memory in its workers
+        if self.num_workers > 0:
+            self.epochs_of.allocate = grain_memory.take  # a worker's slot when it has one free
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
@@ -152,7 +134,10 @@ class JaxLoader(Loader):
             # First epoch, or the last one was left early: a new run from here.
             self.close()
             run = EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
-            self._iterator = iter(self._prefetched(grain.MapDataset.source(run), sequential=False))
+            if self.num_workers > 0 and grain_memory.available():
+                self._slots = grain_memory.Slots(self.num_workers)
+            source = grain.MapDataset.source(run).map(grain_memory.hand_over)
+            self._iterator = iter(self._prefetched(source, sequential=False))
             self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
             if self.num_workers > 0 and first < self.schedule.batches:
                 # grain starts its workers on the first next(): asked for in a thread once this process has
@@ -224,7 +209,9 @@ class JaxLoader(Loader):
             _mark_flags_parsed()
             dataset = dataset.mp_prefetch(
                 grain.multiprocessing.MultiprocessingOptions(num_workers=self.num_workers),
-                worker_init_fn=functools.partial(_die_with, os.getpid()),
+                worker_init_fn=functools.partial(
+                    _start_worker, os.getpid(), None if self._slots is None else self._slots.worker_args
+                ),
                 sequential_slice=sequential,
             )
         return dataset
@@ -236,8 +223,11 @@ class JaxLoader(Loader):
         # grain's close() stops its worker processes and frees the batches in flight. Dropping the
         # iterator is not enough: the thread that asked for its first batch may still hold it.
         iterator, self._iterator, self._next, self._first, self._boot = self._iterator, None, None, None, None
+        slots, self._slots = self._slots, None
         if iterator is not None:
             iterator.close()
+        if slots is not None:
+            slots.close()  # after the workers have stopped: what they made and never sent is unlinked
 
     def _backend_state(self) -> dict[str, Any]:
         if self._iterator is None or self.batch == 0 or self.source.random_access:
@@ -246,9 +236,11 @@ class JaxLoader(Loader):
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         for key, value in batch.items():
-            # grain hands arrays over in shared memory; give the user plain arrays and free the segments.
-            if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
-                batch[key] = _plain(value)
+            if isinstance(value, grain_memory.SlotRef) and self._slots is not None:
+                batch[key] = self._slots.receive(value)
+            # grain hands other arrays over in shared memory; give the user plain arrays and free the segments.
+            elif isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+                batch[key] = grain_memory.plain(value)
                 if hasattr(value, "unlink_on_del"):
                     value.unlink_on_del()  # grain's array, deleted now, unlinks the segment's name
         if self.device_put:
