@@ -564,6 +564,7 @@ if __name__ == "__main__":
     for batch in loader:  # each dropped before the next is taken
         digests.append(digest(batch))
         mappings.append(mapping(batch["image"]))  # kept, so ids stay unique
+    loader.close()  # the workers stop in a thread once the last epoch is delivered: this waits for them
     left = [name for name in os.listdir("/dev/shm") if name.startswith(f"dc{os.getpid():x}")]
     print("RESULT", json.dumps({"batches": len(reference), "held": [digest(b) for b in held] == reference,
                                 "dropped": digests == reference, "memory": len({id(m) for m in mappings}), "left": left}))

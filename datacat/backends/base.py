@@ -314,7 +314,11 @@ class Loader:
             self.epoch += 1
             self.batch = 0
             self._restored = None
-        self.close()  # every epoch delivered: the workers are not needed again
+        self._finished()
+
+    def _finished(self) -> None:
+        """Every epoch delivered: the workers are not needed again (a backend may stop them without waiting)."""
+        self.close()
 
     def close(self) -> None:
         """Stops this loader's worker processes (they live across epochs); iterating again starts new ones."""

@@ -18,6 +18,7 @@ Batches are dicts of numpy arrays, or with ``device_put=True`` global
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
 import multiprocessing
@@ -80,6 +81,14 @@ def _take_first(iterator: Any, future: concurrent.futures.Future[dict[str, Any]]
         future.set_exception(exc)
 
 
+def _stop(iterator: Any, slots: grain_memory.Slots | None) -> None:
+    """Stops a run's workers (grain's close() frees the batches in flight), then unlinks what they never sent."""
+    if iterator is not None:
+        iterator.close()
+    if slots is not None:
+        slots.close()
+
+
 def _start_worker(parent: int, slots: tuple[str, int] | None, worker_index: int, worker_count: int) -> None:
     # grain spawns its workers; a parent killed by SIGKILL would leave them waiting forever.
     def watch() -> None:
@@ -113,6 +122,7 @@ class JaxLoader(Loader):
         self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
         self._boot: threading.Thread | None = None  # the thread that asks for it, until started
         self._slots: grain_memory.Slots | None = None  # the run's reusable batch memory in its workers
+        self._stopping: list[threading.Thread] = []  # finished runs' workers, stopping
         if self.num_workers > 0:
             self.epochs_of.allocate = grain_memory.take  # a worker's slot when it has one free
         if self.device_put:
@@ -219,15 +229,30 @@ class JaxLoader(Loader):
     def _cold(self, epoch: int, first: int) -> bool:
         return self._iterator is None or self._next != (epoch, first)
 
+    def _detach(self) -> tuple[Any, grain_memory.Slots | None]:
+        # Dropping the iterator is not enough to stop the workers: the thread that asked for its
+        # first batch may still hold it.
+        iterator, slots = self._iterator, self._slots
+        self._iterator, self._next, self._first, self._boot, self._slots = None, None, None, None, None
+        return iterator, slots
+
+    def _finished(self) -> None:
+        # grain stops its workers one after another, each noticing within 0.5 s: the loop ends now, and
+        # they stop in a thread (joined by close(), and at exit before multiprocessing's own hooks).
+        iterator, slots = self._detach()
+        if iterator is None and slots is None:
+            return
+        stopping = threading.Thread(target=_stop, args=(iterator, slots), name="datacat-grain-stop", daemon=True)
+        stopping.start()
+        self._stopping.append(stopping)
+        atexit.register(stopping.join)
+
     def close(self) -> None:
-        # grain's close() stops its worker processes and frees the batches in flight. Dropping the
-        # iterator is not enough: the thread that asked for its first batch may still hold it.
-        iterator, self._iterator, self._next, self._first, self._boot = self._iterator, None, None, None, None
-        slots, self._slots = self._slots, None
-        if iterator is not None:
-            iterator.close()
-        if slots is not None:
-            slots.close()  # after the workers have stopped: what they made and never sent is unlinked
+        _stop(*self._detach())
+        for stopping in self._stopping:
+            stopping.join()
+            atexit.unregister(stopping.join)
+        self._stopping = []
 
     def _backend_state(self) -> dict[str, Any]:
         if self._iterator is None or self.batch == 0 or self.source.random_access:
