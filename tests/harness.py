@@ -2,7 +2,8 @@
 
 A job names the framework and a list of loads; for each load the rank
 reports the keys of every batch, an md5 of each sample's pixels, and its
-state after ``stop_after`` batches if asked. Ranks are separate processes
+state after ``stop_after`` batches if asked (and after each count in
+``states_at``, going on). Ranks are separate processes
 (as under torchrun), each with its own worker processes, so exactly-once and
 equal batch counts are checked the way they happen in training.
 """
@@ -24,10 +25,11 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
     name = options.pop("name")
     state = options.pop("state", None)
     stop_after = options.pop("stop_after", None)
+    states_at = options.pop("states_at", [])  # batch counts after which to save the state and go on
     loader = datacat.open(name, framework=framework, **options)
     if state is not None:
         loader.load_state_dict(state)
-    batches, pixels, arrays = [], {}, []
+    batches, pixels, arrays, states = [], {}, [], []
     iterator = iter(loader)
     for i, batch in enumerate(iterator):
         image = batch["image"] if "image" in batch else batch["image_embedding"]  # a prior's rows have no image
@@ -39,6 +41,8 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
         images = np.asarray(image)
         for key, image in zip(batch["key"], images, strict=True):
             pixels[f"{loader.epoch}:{key}"] = hashlib.md5(np.ascontiguousarray(image).tobytes()).hexdigest()
+        if i + 1 in states_at:
+            states.append(json.loads(json.dumps(loader.state_dict())))  # a checkpoint while training goes on
         if stop_after is not None and i + 1 == stop_after:
             break
     saved = loader.state_dict() if stop_after is not None else None
@@ -48,6 +52,7 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
         "batches": batches,
         "pixels": pixels,
         "state": saved,
+        "states": states,
         "per_epoch": len(loader),
         "arrays": arrays,
         "retries": loader.retries,
