@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from datacat.backends import grain_memory
-from datacat.backends.grain_memory import SLOTS, SlotRef, Slots, WorkerSlots
+from datacat.backends.grain_memory import SLOTS, SlotRef, Slots, WorkerSlots, _posixshmem
 
 SHAPE = (4, 8, 8, 3)
 
@@ -24,7 +24,16 @@ def slots() -> Iterator[tuple[Slots, WorkerSlots]]:
 
 
 def shm_names(slots: Slots) -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith(slots.name.lstrip("/"))}
+    """Which of the table's and its workers' slot names are still there (POSIX: no /dev/shm listing needed)."""
+    names = [slots.name] + [grain_memory._slot_name(slots.name, slot) for slot in range(SLOTS * slots.workers)]
+    there = set()
+    for name in names:
+        try:
+            os.close(_posixshmem.shm_open(name, os.O_RDONLY, mode=0o600))
+        except FileNotFoundError:
+            continue
+        there.add(name)
+    return there
 
 
 def batch(worker: WorkerSlots, value: int, rows: int = 4) -> SlotRef:
