@@ -155,27 +155,25 @@ class WorkerSlots:
         self.table = np.frombuffer(_open(table, SLOTS * workers * _INT.itemsize), _INT)
         self.first = worker * SLOTS
         self.arrays: list[np.ndarray] = []
-        self.taken: dict[int, tuple[int, int]] = {}  # data address of a slot given out -> (slot, segment size)
+        self.taken: dict[int, int] = {}  # data address of a slot given out -> its index in self.arrays
         self.lock = threading.Lock()  # grain may read with several threads
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray | None:
         """An empty uint8 array of ``shape`` in a free slot (a new one while there is room); None if all are held."""
         with self.lock:
             for k, array in enumerate(self.arrays):
-                slot = self.first + k
-                if self.table[slot] == 0 and array.shape[1:] == shape[1:] and len(array) >= shape[0]:
-                    return self._give(slot, array[: shape[0]], array.nbytes)
+                if self.table[self.first + k] == 0 and array.shape[1:] == shape[1:] and len(array) >= shape[0]:
+                    return self._give(k, array[: shape[0]])
             if len(self.arrays) == SLOTS:
                 return None
             size = math.prod(shape)
-            slot = self.first + len(self.arrays)
-            array = np.frombuffer(_create(_slot_name(self.table_name, slot), max(size, 1)), np.uint8, count=size)
-            self.arrays.append(array.reshape(shape))
-            return self._give(slot, self.arrays[-1], max(size, 1))
+            name = _slot_name(self.table_name, self.first + len(self.arrays))
+            self.arrays.append(np.frombuffer(_create(name, _segment(size)), np.uint8, count=size).reshape(shape))
+            return self._give(len(self.arrays) - 1, self.arrays[-1])
 
-    def _give(self, slot: int, array: np.ndarray, size: int) -> np.ndarray:
-        self.table[slot] = 1
-        self.taken[array.ctypes.data] = (slot, size)
+    def _give(self, k: int, array: np.ndarray) -> np.ndarray:
+        self.table[self.first + k] = 1
+        self.taken[array.ctypes.data] = k
         return array
 
     def hand_over(self, images: Any) -> Any:
@@ -183,11 +181,15 @@ class WorkerSlots:
         if not isinstance(images, np.ndarray):
             return images
         with self.lock:
-            taken = self.taken.pop(images.ctypes.data, None)
-        if taken is None:
+            k = self.taken.pop(images.ctypes.data, None)
+        if k is None:
             return images
-        slot, size = taken
-        return SlotRef(_slot_name(self.table_name, slot), slot, size, images.shape)
+        slot = self.first + k
+        return SlotRef(_slot_name(self.table_name, slot), slot, _segment(self.arrays[k].nbytes), images.shape)
+
+
+def _segment(size: int) -> int:
+    return max(size, 1)  # a segment of no bytes cannot be mapped
 
 
 _WORKER: WorkerSlots | None = None  # this worker process's slots (None in the loader's process)

@@ -261,7 +261,8 @@ class JaxLoader(Loader):
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         for key, value in batch.items():
-            if isinstance(value, grain_memory.SlotRef) and self._slots is not None:
+            if isinstance(value, grain_memory.SlotRef):
+                assert self._slots is not None, "a slot's batch outside the run that made it"
                 batch[key] = self._slots.receive(value)
             # grain hands other arrays over in shared memory; give the user plain arrays and free the segments.
             elif isinstance(value, np.ndarray) and type(value) is not np.ndarray:
