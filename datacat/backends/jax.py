@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,6 +90,14 @@ def _stop(iterator: Any, slots: grain_memory.Slots | None) -> None:
         slots.close()
 
 
+def _stop_in_thread(iterator: Any, slots: grain_memory.Slots | None) -> threading.Thread:
+    """Stops a run in a thread of its own, joined at exit before multiprocessing's own hooks run."""
+    stopping = threading.Thread(target=_stop, args=(iterator, slots), name="datacat-grain-stop", daemon=True)
+    stopping.start()
+    atexit.register(stopping.join)
+    return stopping
+
+
 def _start_worker(parent: int, slots: tuple[str, int] | None, worker_index: int, worker_count: int) -> None:
     # grain spawns its workers; a parent killed by SIGKILL would leave them waiting forever.
     def watch() -> None:
@@ -123,6 +132,7 @@ class JaxLoader(Loader):
         self._boot: threading.Thread | None = None  # the thread that asks for it, until started
         self._slots: grain_memory.Slots | None = None  # the run's reusable batch memory in its workers
         self._stopping: list[threading.Thread] = []  # finished runs' workers, stopping
+        self._dropped: weakref.finalize[Any, JaxLoader] | None = None  # stops the run of a loader dropped unclosed
         if self.num_workers > 0:
             self.epochs_of.allocate = grain_memory.take  # a worker's slot when it has one free
         if self.device_put:
@@ -148,6 +158,8 @@ class JaxLoader(Loader):
                 self._slots = grain_memory.Slots(self.num_workers)
             source = grain.MapDataset.source(run).map(grain_memory.hand_over)
             self._iterator = iter(self._prefetched(source, sequential=False))
+            self._dropped = weakref.finalize(self, _stop_in_thread, self._iterator, self._slots)
+            self._dropped.atexit = False  # a loader still open at exit is closed by base's exit hook
             self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
             if self.num_workers > 0 and first < self.schedule.batches:
                 # grain starts its workers on the first next(): asked for in a thread once this process has
@@ -234,18 +246,17 @@ class JaxLoader(Loader):
         # first batch may still hold it.
         iterator, slots = self._iterator, self._slots
         self._iterator, self._next, self._first, self._boot, self._slots = None, None, None, None, None
+        if self._dropped is not None:
+            self._dropped.detach()
+            self._dropped = None
         return iterator, slots
 
     def _finished(self) -> None:
         # grain stops its workers one after another, each noticing within 0.5 s: the loop ends now, and
         # they stop in a thread (joined by close(), and at exit before multiprocessing's own hooks).
         iterator, slots = self._detach()
-        if iterator is None and slots is None:
-            return
-        stopping = threading.Thread(target=_stop, args=(iterator, slots), name="datacat-grain-stop", daemon=True)
-        stopping.start()
-        self._stopping.append(stopping)
-        atexit.register(stopping.join)
+        if iterator is not None or slots is not None:
+            self._stopping.append(_stop_in_thread(iterator, slots))
 
     def close(self) -> None:
         _stop(*self._detach())
