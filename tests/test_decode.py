@@ -75,11 +75,15 @@ def test_sixteen_bit_grey_keeps_high_byte_and_transparency(licensed_data: Path) 
     assert (got[..., 0] == got[..., 2]).all()
 
 
-def test_at_least_decodes_at_the_smallest_m_eighths_scale_that_keeps_it(licensed_data: Path) -> None:
+def test_at_least_decodes_at_the_largest_power_of_two_reduction_that_keeps_it(licensed_data: Path) -> None:
     data = (licensed_data / "images" / "skimage" / "retina.jpg").read_bytes()  # 1411 x 1411
-    assert decode_image(data, at_least=256).shape == (353, 353, 3)  # 2/8; 1/8 would be 177 < 256
-    assert decode_image(data, at_least=800).shape == (882, 882, 3)  # 5/8; 4/8 would be 706
+    assert decode_image(data, at_least=256).shape == (353, 353, 3)  # 1/4; 1/8 would be 177 < 256
+    assert decode_image(data, at_least=700).shape == (706, 706, 3)  # 1/2
+    # 1/2 would be 706 < 800; libjpeg's 5/8 (882) takes longer than the whole picture at 8/8.
+    assert decode_image(data, at_least=800).shape == (1411, 1411, 3)
     assert decode_image(data, at_least=2000).shape == (1411, 1411, 3)  # never upscaled by the decoder
+    rocket = (licensed_data / "images" / "skimage" / "rocket.jpg").read_bytes()  # 640 x 427: each side its own
+    assert decode_image(rocket, at_least=200).shape == (214, 320, 3)
     cmyk = (licensed_data / "images" / "pillow" / "pil_sample_cmyk.jpg").read_bytes()  # 100 x 100, via Pillow's draft
     assert decode_image(cmyk, at_least=40).shape == (50, 50, 3)
 
@@ -101,7 +105,8 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 def test_scaled_decode_and_resize_keep_35_db_against_a_float_reference(licensed_data: Path) -> None:
     # The reference: full decode in float, centre crop, area resize (what bench_decode calls the truth).
-    # At 256 px the scaled decode is 2/8 or 5/8 here (a 1/8 decode, DC only, would lose ~5 dB).
+    # At 256 px the decode is 1/4 of retina.jpg and all of rocket.jpg here, each then shrunk by under 2
+    # (a 1/8 decode, DC only, would lose ~5 dB).
     for name in ("retina.jpg", "rocket.jpg"):
         data = (licensed_data / "images" / "skimage" / name).read_bytes()
         full = decode_image(data).astype(np.float32)
