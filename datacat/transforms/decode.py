@@ -109,11 +109,12 @@ def _open_and_decode(encoded: bytes, at_least: int | None, limit: int | None) ->
 
 def _decode_jpeg(encoded: bytes, height: int, width: int, at_least: int | None) -> np.ndarray:
     # libjpeg-turbo through simplejpeg: several times faster than PIL. It decodes at any M/8
-    # scale, but only 8/8, 4/8, 2/8 and 1/8 have SIMD inverse DCTs: at 3/8 and 5/8-7/8 its
-    # plain C transforms make a smaller picture take longer than the next power of two up
-    # (1.4-1.9x here at 5/8-7/8, then a linear resize). So the reduction is a power of two,
-    # and simplejpeg, asked for at least the reduced size, picks exactly that scale. strict=True
-    # turns libjpeg's warnings into errors, which decode_image sorts into tolerated and refused.
+    # scale, but only 8/8, 4/8 and 2/8 have SIMD inverse DCTs (1/8 keeps the DC term alone):
+    # at 3/8 and 5/8-7/8 its plain C transforms make a smaller picture take longer than the
+    # next power of two up (1.4-1.9x here at 5/8-7/8, then a linear resize). So the reduction
+    # is a power of two, and simplejpeg, asked for at least the reduced size, picks exactly
+    # that scale. strict=True turns libjpeg's warnings into errors, which decode_image sorts
+    # into tolerated and refused.
     factor = _reduction(height, width, at_least)
     pixels: np.ndarray = simplejpeg.decode_jpeg(
         encoded, colorspace="RGB", min_height=-(-height // factor), min_width=-(-width // factor), strict=True
