@@ -286,7 +286,7 @@ def parallel_pass(method: str, jpegs: list[bytes], processes: int) -> float:
     return len(jpegs) / (end - start)
 
 
-def calibrate(jpegs: list[bytes], cores: int) -> dict[str, float | str]:
+def calibrate(jpegs: list[bytes]) -> dict[str, float | str]:
     """Each method's one-core rate (median of 3 interleaved passes) and PSNR, and which is the limit's."""
     import cv2
 
@@ -524,7 +524,7 @@ def main() -> None:
         folder = Path(tmp)
         write_catalog(folder, build_corpus(folder, args.images, args.shards))
         jpegs = corpus_jpegs(folder)
-        limit = calibrate(jpegs, cores)
+        limit = calibrate(jpegs)
         method = str(limit["method"])
         print(
             f"one core, decode + crop + resize to {SIZE} px (median of 3 passes): "
