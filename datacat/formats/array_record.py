@@ -115,12 +115,16 @@ class ArrayRecordReader:
 
         Made here, not when the entry is opened: loading the C++ library in a
         process makes forking it unsafe (:func:`~datacat.formats.ar_shards.used_here`).
+        A local record is read in the calling thread (``max_parallelism:0``):
+        by default each read of one record is handed to the reader's thread
+        pool and waited for, ~4 % of a torch worker's images a second here.
         """
         if self._source is None:
             from array_record.python import array_record_data_source
 
             self._source = array_record_data_source.ArrayRecordDataSource(
-                [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, self.counts, strict=True)]
+                [_FileInstruction(url, 0, n, n) for url, n in zip(self.urls, self.counts, strict=True)],
+                reader_options=None if self.remote else {"max_parallelism": "0"},
             )
         return self._source
 
