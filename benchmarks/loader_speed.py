@@ -478,11 +478,11 @@ def report(results: dict[str, dict[str, float]], limit: dict[str, float | str]) 
         if label not in results:
             continue
         m = results[label]
-        checks.append((f"{label}: {m['of_limit']:.2f} of the limit (>= 0.90)", m["of_limit"] >= 0.90))
+        checks.append((f"{label}: {m['of_limit']:.3f} of the limit (>= 0.90)", m["of_limit"] >= 0.90))
         for name, figure, floor in ((fast, "fast", 1.2), (usual, "usual", 4.0)):
             if name in results:
                 times = m["steady"] / results[name]["steady"]
-                checks.append((f"{label}: {times:.2f}x the {figure} pipeline {name!r} (>= {floor})", times >= floor))
+                checks.append((f"{label}: {times:.3f}x the {figure} pipeline {name!r} (>= {floor})", times >= floor))
         checks.append((f"{label}: first batch {m['first']:.2f} s (< 0.6)", m["first"] < 0.6))
         checks.append(
             (
@@ -493,7 +493,7 @@ def report(results: dict[str, dict[str, float]], limit: dict[str, float | str]) 
     jax, torch = results.get("datacat jax, ArrayRecord"), results.get("datacat torch, ArrayRecord")
     if jax and torch:
         cpu = jax["cpu_ms"] / torch["cpu_ms"]
-        checks.append((f"jax's CPU an image {cpu:.2f}x torch's over the same shards (within 10 %)", cpu <= 1.10))
+        checks.append((f"jax's CPU an image {cpu:.3f}x torch's over the same shards (within 10 %)", cpu <= 1.10))
         gap = jax["first"] - torch["first"]
         checks.append((f"jax's first batch {gap:+.2f} s from torch's (within 0.3 s)", gap <= 0.3))
     print("\nthe issue's figures:")
