@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["fields", "varint"]
 
 
-def varint(data: bytes, pos: int) -> tuple[int, int]:
+def varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     """The unsigned varint at ``pos`` and the position after it."""
     value = shift = 0
     while True:
