@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -89,3 +91,31 @@ def test_read_ahead_threads_are_for_remote_shards_only() -> None:
     assert _reads_remote(view("/data/a.tar", "gs://bucket/b.array_record"))  # a mixture with a remote component
     source = SampleSource(datacat.resolve("sample-arrayrecord"))
     assert not _reads_remote(SimpleNamespace(source=source))
+
+
+def test_read_ahead_runs_on_one_thread_kept_across_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thread started for each epoch's view got a fresh malloc arena, its pages faulted in afresh.
+    import threading
+
+    import datacat
+    from datacat.backends.base import EpochRun, Epochs
+    from datacat.pipeline import BatchView, SampleSource
+
+    threads: list[str] = []
+    fetch = BatchView._fetch
+
+    def recorded(self: BatchView, batch: int) -> Any:
+        threads.append(threading.current_thread().name)
+        return fetch(self, batch)
+
+    monkeypatch.setattr(BatchView, "_fetch", recorded)
+    source = SampleSource(datacat.resolve("sample", image_size=16))
+    epochs = Epochs(source, name="s", seed=0, shuffle=True, rank=0, world_size=1, batch_size=8, drop_remainder=False)
+    run = EpochRun(epochs, 0, 0, 3)  # epochs 0, 1 and 2, read as a torch worker reads them
+    run.stride(0, 1)
+    keys = [key for i in range(len(run)) for key in run[i]["batch"]["key"]]
+    run.close()
+    assert len(keys) == 3 * 55 and len(set(keys)) == 55
+    ahead = [name for name in threads if name != threading.current_thread().name]
+    assert len(ahead) >= 3 * 5  # 7 batches an epoch: all but the first of each read ahead
+    assert len(set(ahead)) == 1, set(ahead)
