@@ -80,7 +80,7 @@ PHOTOS = [
     "sklearn/flower.jpg",
     "skimage/camera.png",
 ]
-STOLEN_AT_MOST = 10.0  # % of the machine the hypervisor may steal during a pair before it is run again
+STOLEN_AT_MOST = 10.0  # % of the machine the hypervisor may steal in a stream's steady epochs before it is run again
 # The forked-process pass decodes the corpus this many times over: over one corpus (~1.7 s) it read ~5 % low
 # (1.79-2.08x one core, mean 1.91, against 1.74-2.14x, mean 2.00, over four, in the same 4 rounds here): the
 # children's first images and the wait for the later of the two weigh on so short a pass.
