@@ -457,7 +457,8 @@ def collate_numpy(samples: list[dict[str, Any]], images: np.ndarray | None) -> d
     if images is not None:
         for row, sample in enumerate(samples):
             pixels = sample["image"]
-            if pixels.ctypes.data != images[row].ctypes.data or pixels.shape != images.shape[1:]:
+            # Rows do not overlap, so an image sharing memory with this row is the row (cheaper than .ctypes).
+            if pixels.shape != images.shape[1:] or not np.may_share_memory(pixels, images[row]):
                 images[row] = pixels  # a row after a bad sample, or an image made elsewhere (augmented)
         batch["image"] = images[: len(samples)]
     for name in ("image_embedding", "text_embedding"):

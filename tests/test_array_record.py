@@ -11,7 +11,7 @@ import datacat
 from datacat.errors import RecordError, ShardError
 from datacat.formats.ar_shards import count_records
 from datacat.formats.array_record import ArrayRecordReader
-from datacat.formats.packed import pack_record, unpack_pre_resized, unpack_record
+from datacat.formats.packed import pack_record, unpack_pre_resized, unpack_record, unpack_views
 from datacat.pipeline import SampleSource
 
 
@@ -29,6 +29,8 @@ def test_pack_round_trip_matches_hand_written_layout() -> None:
     assert unpack_record(packed) == entries
     assert unpack_record(_by_hand(entries)) == entries
     assert list(unpack_record(packed)) == ["jpg", "txt", "key", "meta"]  # dict order kept
+    views = unpack_views(packed)  # what the reader parses: the image is not copied out of its record
+    assert views == entries and all(isinstance(v, memoryview) and v.obj is packed for v in views.values())
 
 
 @pytest.mark.parametrize(
@@ -67,7 +69,7 @@ def test_shared_files_read_through_a_catalog_entry(licensed_data: Path, tmp_path
     plan = datacat.resolve("ops", catalog=datacat.load_catalog([tmp_path / "c.yaml"], builtin=False))
     reader = ArrayRecordReader(plan)
     assert len(reader) == 14 and reader.counts == (10, 4)
-    assert reader.items([0])[0].payload.endswith(b"0") and reader.items([9])[0].payload.endswith(b"9")
+    assert bytes(reader.items([0])[0].payload).endswith(b"0") and bytes(reader.items([9])[0].payload).endswith(b"9")
     assert reader.items([10])[0].payload.endswith(b"+") and reader.items([13])[0].payload.endswith(b"/")
     assert reader.items([12])[0].key == "operators.array_record-00000-of-00001:2"
 

@@ -169,3 +169,15 @@ def test_decompression_bomb_is_refused_from_the_header() -> None:
 def test_garbage_is_a_value_error(data: bytes) -> None:
     with pytest.raises(ValueError):
         decode_image(data)
+
+
+def test_a_view_of_the_bytes_decodes_as_the_bytes_do(licensed_data: Path) -> None:
+    # Tar members and packed entries reach the decoder as views of the span read (not copied out).
+    for path in _images(licensed_data):
+        data = path.read_bytes()
+        view = memoryview(b"ab" + data)[2:]
+        if path.name in BROKEN:
+            with pytest.raises(ValueError, match=BROKEN[path.name]):
+                decode_image(view)
+            continue
+        np.testing.assert_array_equal(decode_image(view, at_least=32), decode_image(data, at_least=32), path.name)

@@ -272,3 +272,73 @@ def test_indexing_refuses_a_key_that_comes_back_or_a_member_given_twice(tmp_path
         path = make_tar(tmp_path / name, members)
         with path.open("rb") as stream, pytest.raises(datacat.errors.RecordError, match=message):
             member_spans(stream, str(path), seekable=True)
+
+
+def test_a_header_checksum_is_the_sum_of_its_bytes(tmp_path: Path) -> None:
+    from datacat.formats.webdataset import _checksum
+
+    rng = np.random.default_rng(0)
+    headers = [rng.integers(0, 256, 512, dtype=np.uint8).tobytes() for _ in range(200)]
+    headers += [b"\xff" * 512, b"\0" * 512]
+    path = make_tar(tmp_path / "x.tar", sample_members(["a", "b"]))
+    raw = path.read_bytes()
+    headers += [raw[at : at + 512] for at in (0, 1024)]  # two real ones, their stored checksum checked too
+    for header in headers:
+        assert _checksum(header) == sum(header[:148]) + 8 * 32 + sum(header[156:])
+    assert _checksum(raw[:512]) == int(raw[148:156].strip(b" \0"), 8)
+
+
+def test_a_span_hands_its_members_on_as_views_not_copies(tmp_path: Path) -> None:
+    from datacat.formats.webdataset import member_spans, sample_of_span
+
+    path = make_tar(tmp_path / "x.tar", sample_members(["a"]))
+    with open(path, "rb") as f:
+        ((start, end),), _ = member_spans(f, str(path), seekable=True)
+    span = path.read_bytes()[start:end]
+    _, fields = sample_of_span(span, str(path), int(start))
+    assert isinstance(fields["jpg"], memoryview) and fields["jpg"].obj is span
+    loader = datacat.open("t", framework="torch", batch_size=3, catalog=_entry(tmp_path, 1, 3), num_workers=0)
+    (batch,) = list(loader)  # the views decode, and their captions read, as bytes did
+    assert batch["image"].shape == (3, 16, 16, 3) and all(isinstance(c, str) and c for c in batch["caption"])
+
+
+def test_local_shards_stay_open_between_reads_but_a_replaced_or_deleted_one_is_seen(tmp_path: Path) -> None:
+    import os
+
+    from datacat.formats import storage
+
+    files = storage._OpenFiles(limit=4)
+    first, second = tmp_path / "a.bin", tmp_path / "b.bin"
+    first.write_bytes(b"old contents")
+    taken = files.take(str(first))
+    files.give(taken)
+    assert files.take(str(first)) is taken  # the same open file, no new open
+    files.give(taken)
+    second.write_bytes(b"new contents")
+    os.replace(second, first)  # a writer's atomic replace: a new file under the old name
+    again = files.take(str(first))
+    assert again is not taken and os.pread(again.fd, 3, 0) == b"new"
+    files.give(again)
+    assert taken.retired and len(files._open) == 1  # the replaced file's fd was closed (its number may be reused)
+    first.unlink()
+    with pytest.raises(FileNotFoundError, match=r"shard not found: .*a\.bin"):
+        files.take(str(first))
+
+
+def test_at_most_the_limit_of_local_shards_stay_open(tmp_path: Path) -> None:
+    import os
+
+    from datacat.formats import storage
+
+    files = storage._OpenFiles(limit=4)
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(20):
+        (tmp_path / f"{i}.bin").write_bytes(b"x" * 10)
+        files.give(files.take(str(tmp_path / f"{i}.bin")))
+    assert len(os.listdir("/proc/self/fd")) - before == 4
+    held = files.take(str(tmp_path / "0.bin"))  # a file being read is closed only once its reader is done
+    for i in range(1, 9):
+        files.give(files.take(str(tmp_path / f"{i}.bin")))
+    assert os.pread(held.fd, 1, 0) == b"x"
+    files.give(held)
+    assert len(os.listdir("/proc/self/fd")) - before == 4

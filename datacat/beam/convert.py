@@ -91,14 +91,14 @@ def _record_of(view: Any, item: Any, position: int, layout: str, mixture: bool =
         sample = source.transform(record)
     except ValueError as exc:
         return BadSample(name, item.shard, item.key, str(exc))
-    entries: dict[str, bytes | str] = {}
+    entries: dict[str, bytes | memoryview | str] = {}
     if layout == "pre_resized":
         image = sample["image"]
         entries["image"] = image.tobytes()
         entries["shape"] = struct.pack("<ii", image.shape[0], image.shape[1])
     else:
         raw = record.get("image")
-        if not isinstance(raw, bytes):
+        if not isinstance(raw, bytes | memoryview):
             raise OptionError(f"{name} holds decoded pixels, not encoded images: convert it with --layout pre_resized")
         entries["jpg"] = raw
     if "caption" in sample:

@@ -32,7 +32,11 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RawItem:
-    """One record as read, before parsing: where it came from and its bytes or members."""
+    """One record as read, before parsing: where it came from and its bytes or members.
+
+    Bytes may be a ``memoryview`` of what was read (a record or member is
+    not copied out of its span); ``bytes(payload)`` makes a copy.
+    """
 
     key: str
     shard: str
@@ -152,9 +156,9 @@ def record_caption(fields: Mapping[str, Any], keys: Sequence[str] = ("txt", "cap
         value = fields.get(key)
         if value is None:
             continue
-        if isinstance(value, bytes):
+        if isinstance(value, bytes | memoryview):
             try:
-                value = value.decode("utf-8")
+                value = str(value, "utf-8")
             except UnicodeDecodeError:
                 raise ValueError(f"caption {key!r} is not utf-8") from None
         return str(value).strip()

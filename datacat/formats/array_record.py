@@ -36,7 +36,7 @@ from datacat.formats.ar_shards import (
     remember_counts,
     used_here,
 )
-from datacat.formats.packed import unpack_pre_resized, unpack_record
+from datacat.formats.packed import unpack_pre_resized, unpack_views
 from datacat.formats.storage import is_remote, read_ranges, with_retries
 from datacat.formats.tf_example import example_record, tfds_lengths
 from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
@@ -217,7 +217,10 @@ class ArrayRecordReader:
         return self._items(indices, where, payloads)
 
     def _items(
-        self, indices: Sequence[int], where: Sequence[tuple[int, int]], payloads: Sequence[bytes | Exception]
+        self,
+        indices: Sequence[int],
+        where: Sequence[tuple[int, int]],
+        payloads: Sequence[bytes | memoryview | Exception],
     ) -> list[RawItem | Exception]:
         return [
             data
@@ -226,7 +229,7 @@ class ArrayRecordReader:
             for index, (shard, position), data in zip(indices, where, payloads, strict=True)
         ]
 
-    def _read_ranges(self, where: Sequence[tuple[int, int]]) -> list[bytes | Exception]:
+    def _read_ranges(self, where: Sequence[tuple[int, int]]) -> list[bytes | memoryview | Exception]:
         # Each chunk the records lie in, fetched once, all at once; a record of a chunk that does not
         # decode is a RecordError for the bad-sample policy.
         wanted: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -237,11 +240,11 @@ class ArrayRecordReader:
             (self.urls[shard], int(self._chunk_index(shard).starts[c]), int(self._chunk_index(shard).ends[c]))
             for shard, c in wanted
         ]
-        out: list[bytes | Exception] = [b""] * len(where)
+        out: list[bytes | memoryview | Exception] = [b""] * len(where)
         for shard_chunk, (url, start, _), data in zip(
             wanted, requests, read_ranges(requests, self.storage_options), strict=True
         ):
-            records: list[bytes] | Exception
+            records: list[bytes | memoryview] | Exception
             if isinstance(data, Exception):
                 records = data
             else:
@@ -307,11 +310,11 @@ class ArrayRecordReader:
         record = self.record
         out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
         if record.layout == "tf_example":
-            return example_record(item.payload, record, out)
+            return example_record(bytes(item.payload), record, out)  # its parser wants bytes, not a view
         if record.layout == "single":
             out.update(image=item.payload, caption=None)
             return out
-        entries = unpack_record(item.payload)
+        entries = unpack_views(item.payload)  # views: the image is not copied out of its record
         if record.layout == "pre_resized":
             out["image"] = unpack_pre_resized(entries)
             caption_keys: tuple[str, ...] = (record.caption, "caption") if record.caption else ()
@@ -321,9 +324,9 @@ class ArrayRecordReader:
         out["caption"] = record_caption(entries, caption_keys) if caption_keys else None  # caption: null, image only
         label_key = record.label or ("label" if record.layout == "pre_resized" else None)
         if label_key and label_key in entries:
-            out["label"] = _label(entries[label_key])
+            out["label"] = _label(bytes(entries[label_key]))
         if record.key and record.key in entries:
-            out["__key__"] = entries[record.key].decode("utf-8", "replace")
+            out["__key__"] = str(entries[record.key], "utf-8", "replace")
         out["entries"] = entries
         return out
 

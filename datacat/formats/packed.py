@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["pack_record", "unpack_pre_resized", "unpack_record"]
+__all__ = ["pack_record", "unpack_pre_resized", "unpack_record", "unpack_views"]
 
 _U32 = struct.Struct("<I")
 
 
-def pack_record(entries: Mapping[str, bytes | str]) -> bytes:
+def pack_record(entries: Mapping[str, bytes | memoryview | str]) -> bytes:
     """``entries`` length-prefixed in dict order, the layout ``unpack_record`` reads; str values become utf-8."""
     out = bytearray()
     for key, value in entries.items():
@@ -31,14 +31,19 @@ def pack_record(entries: Mapping[str, bytes | str]) -> bytes:
     return bytes(out)
 
 
-def unpack_record(data: bytes) -> dict[str, bytes]:
+def unpack_record(data: bytes | memoryview) -> dict[str, bytes]:
     """The str -> bytes entries of one packed record.
 
     Raises ``ValueError`` saying where the record stops making sense (a length
     running past its end, a key that is not utf-8, a key given twice).
     """
+    return {key: bytes(value) for key, value in unpack_views(data).items()}
+
+
+def unpack_views(data: bytes | memoryview) -> dict[str, memoryview]:
+    """The entries of one packed record as views of ``data`` (:func:`unpack_record`, with no value copied)."""
     view = memoryview(data)
-    out: dict[str, bytes] = {}
+    out: dict[str, memoryview] = {}
     pos, end = 0, len(view)
     while pos < end:
         if end - pos < 4:
@@ -60,12 +65,12 @@ def unpack_record(data: bytes) -> dict[str, bytes]:
             raise ValueError(f"truncated packed record: value of {key!r} needs {vlen} bytes, {end - pos} remain")
         if key in out:
             raise ValueError(f"garbled packed record: key {key!r} appears twice")
-        out[key] = bytes(view[pos : pos + vlen])
+        out[key] = view[pos : pos + vlen]
         pos += vlen
     return out
 
 
-def unpack_pre_resized(entries: Mapping[str, bytes]) -> np.ndarray:
+def unpack_pre_resized(entries: Mapping[str, bytes] | Mapping[str, memoryview]) -> np.ndarray:
     """The uint8 HxWx3 image of a ``pre_resized`` record, checked against its ``shape``."""
     for key in ("image", "shape"):
         if key not in entries:

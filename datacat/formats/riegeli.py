@@ -89,7 +89,8 @@ def read_index(tail: bytes, size: int, more: bytes = b"") -> ChunkIndex:
     """
     if size < BLOCK or len(tail) < BLOCK:
         raise ValueError(f"{size} bytes is shorter than an ArrayRecord file (a 64 KiB postscript block at least)")
-    postscripts = decode_chunk(tail[-BLOCK:], size - BLOCK)  # the writer repeats it; the reader takes the first
+    # The writer repeats the postscript; the reader takes the first.
+    postscripts = [bytes(r) for r in decode_chunk(tail[-BLOCK:], size - BLOCK)]
     postscript = _proto_varints(postscripts[0]) if postscripts else {}
     footer, magic = postscript.get(1), postscript.get(2)
     if footer is None or magic != _MAGIC:
@@ -98,7 +99,7 @@ def read_index(tail: bytes, size: int, more: bytes = b"") -> ChunkIndex:
     if footer < have:
         raise NeedMore(footer)
     buffer = (more + tail)[footer - have : len(more) + len(tail) - BLOCK]
-    records = decode_chunk(buffer, footer)
+    records = [bytes(r) for r in decode_chunk(buffer, footer)]
     metadata = _proto_varints(records[0]).get(1) if records else None  # RiegeliFooterMetadata.array_record_metadata
     if not isinstance(metadata, bytes) or _proto_varints(metadata).get(1) != 1:  # its version
         raise ValueError("the footer chunk holds no ArrayRecord metadata of version 1")
@@ -125,8 +126,12 @@ class NeedMore(ValueError):
         self.offset = offset
 
 
-def decode_chunk(data: bytes, start: int) -> list[bytes]:
-    """The records of the chunk whose bytes (block headers included) are ``data``, read from file offset ``start``."""
+def decode_chunk(data: bytes, start: int) -> list[bytes | memoryview]:
+    """The records of the chunk whose bytes (block headers included) are ``data``, read from file offset ``start``.
+
+    An uncompressed record is a view of ``data`` (or of its copy without
+    block headers): nothing is copied for it.
+    """
     body = _without_block_headers(data, start)
     if len(body) < _CHUNK_HEADER:
         raise ValueError(f"a chunk at {start} is cut short ({len(body)} bytes)")
@@ -148,12 +153,13 @@ def decode_chunk(data: bytes, start: int) -> list[bytes]:
         lengths.append(length)
     if pos != len(sizes) or sum(lengths) != decoded_size or len(values) != decoded_size:
         raise ValueError(f"the chunk at {start} does not add up: its record sizes disagree with its data")
-    if len(lengths) == 1 and isinstance(values, bytes):
+    if len(lengths) == 1:
         return [values]  # one record a chunk (group_size:1, what grain asks for): the decoded bytes are it
-    out, pos = [], 0
+    out: list[bytes | memoryview] = []
+    pos = 0
     view = memoryview(values)
     for length in lengths:
-        out.append(bytes(view[pos : pos + length]))
+        out.append(view[pos : pos + length])
         pos += length
     return out
 

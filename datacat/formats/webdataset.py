@@ -286,13 +286,16 @@ class _Prefixed:
         return data + self.raw.read(size - len(data)) if size > len(data) else data
 
 
-def _plain_members(data: bytes) -> list[tuple[str, bytes]] | None:
+def _plain_members(data: bytes) -> list[tuple[str, memoryview]] | None:
     """The regular files of a span of plain ustar headers, parsed directly; None if any header needs tarfile.
 
     tarfile costs ~0.4 ms a sample (a fifth of a decode); most shards have
-    only plain headers (no pax or GNU long names, sizes under 8 GB).
+    only plain headers (no pax or GNU long names, sizes under 8 GB). Each
+    file is a view of ``data``: a sample's image is not copied out of its
+    span (~9 us for a 100 KB JPEG).
     """
-    members: list[tuple[str, bytes]] = []
+    members: list[tuple[str, memoryview]] = []
+    view = memoryview(data)
     at, end = 0, len(data)
     while at + 512 <= end:
         parsed = _plain_header(data[at : at + 512])
@@ -303,7 +306,7 @@ def _plain_members(data: bytes) -> list[tuple[str, bytes]] | None:
         if body + size > end:
             return None
         if not folder:  # a folder entry: not a member of any sample
-            members.append((path, data[body : body + size]))
+            members.append((path, view[body : body + size]))
         at = body + -(-size // 512) * 512
     return members
 
@@ -317,7 +320,7 @@ def _plain_header(header: bytes) -> tuple[str, int, bool] | None:
     if kind not in (b"0", b"\0", b"5") or size_field[0] & 0x80 or header[257:262] != b"ustar":
         return None  # pax, long names, links, base-256 sizes, old formats: tarfile knows them all
     stored = int(header[148:156].strip(b" \0") or b"0", 8)
-    if stored != sum(header[:148]) + 256 + sum(header[156:]):
+    if stored != _checksum(header):
         return None  # a bad checksum: let tarfile say what is wrong
     name = header[:100].split(b"\0", 1)[0]
     posix = header[257:263] == b"ustar\0"  # GNU's "ustar  " keeps other fields where POSIX has the prefix
@@ -327,10 +330,23 @@ def _plain_header(header: bytes) -> tuple[str, int, bool] | None:
     return path, size, kind == b"5"
 
 
-def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, bytes]]:
-    """(key, {extension: bytes}) of the one sample in the bytes of its span."""
+def _checksum(header: bytes) -> int:
+    """A ustar header's checksum: the sum of its bytes, the checksum field counted as 8 spaces.
+
+    Summed by zlib's adler32, whose low half is 1 + the sum of the bytes
+    modulo 65521: exact for pieces of up to 256 bytes (at most 65280). A
+    third of the time of ``sum()`` over the bytes, which was ~5 % of a
+    tar sample's read.
+    """
+    view = memoryview(header)
+    pieces = (view[:148], view[156:356], view[356:512])
+    return sum((zlib.adler32(piece) & 0xFFFF) - 1 for piece in pieces) + 8 * 32
+
+
+def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, bytes | memoryview]]:
+    """(key, {extension: bytes, or a view of ``data``}) of the one sample in the bytes of its span."""
     try:
-        members = _plain_members(data)
+        members: list[tuple[str, bytes]] | list[tuple[str, memoryview]] | None = _plain_members(data)
         if members is None:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
                 members = [(i.name, tar.extractfile(i).read()) for i in tar if i.isfile()]  # type: ignore[union-attr]
@@ -348,11 +364,13 @@ def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, by
     return samples[0]
 
 
-def group_by_key(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[tuple[str, dict[str, bytes]]]:
+def group_by_key(
+    members: Iterable[tuple[str, bytes]] | Iterable[tuple[str, memoryview]], url: str
+) -> Iterator[tuple[str, dict[str, bytes | memoryview]]]:
     """(key, {extension: bytes}) of each sample; members of one sample must be adjacent."""
     done: set[str] = set()
     key: str | None = None
-    fields: dict[str, bytes] = {}
+    fields: dict[str, bytes | memoryview] = {}
     for path, data in members:
         split = split_key(path)
         if split is None:
@@ -374,8 +392,8 @@ def group_by_key(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[tup
         yield key, fields
 
 
-def decode_member(ext: str, data: bytes) -> tuple[str, Any]:
-    """(extension without .gz, value) of one member: text, json, class index, array, or the bytes."""
+def decode_member(ext: str, data: bytes | memoryview) -> tuple[str, Any]:
+    """(extension without .gz, value) of one member: text, json, class index, array, or the bytes (or their view)."""
 
     if ext.endswith(".gz"):
         try:
@@ -386,11 +404,11 @@ def decode_member(ext: str, data: bytes) -> tuple[str, Any]:
     last = ext.rsplit(".", 1)[-1]
     try:
         if last in ("txt", "text"):
-            return ext, data.decode("utf-8")
+            return ext, str(data, "utf-8")
         if last == "json":
-            return ext, json.loads(data)
+            return ext, json.loads(bytes(data))
         if last in ("cls", "cls2", "index"):
-            return ext, int(data.decode("ascii").strip())
+            return ext, int(str(data, "ascii").strip())
         if last == "npy":
             import numpy as np
 
@@ -507,9 +525,11 @@ class WebDatasetReader:
         if spans is None:
             import numpy as np
 
-            spans = self._spans[shard] = np.load(_index_dir() / self.index_files[shard], mmap_mode="r")
-        start, end = spans[position]
-        return int(start), int(end)
+            # A plain array over the mapped file: a memmap's indexing runs Python code (~3 us a record).
+            spans = np.load(_index_dir() / self.index_files[shard], mmap_mode="r").view(np.ndarray)
+            self._spans[shard] = spans
+        start, end = spans[position].tolist()
+        return start, end
 
     def items(self, indices: Sequence[int]) -> list[RawItem | Exception]:
         """The raw samples at global ``indices``, their byte spans fetched concurrently."""

@@ -20,8 +20,10 @@ _SIMPLEJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")  # CMYK and YCCK go through P
 _TOLERATED_WARNINGS = ("extraneous bytes before marker", "Unknown APP", "JFIF revision", "ICC profile", "Adobe")
 
 
-def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int | None = None) -> np.ndarray:
-    """An encoded image as RGB uint8 [H, W, 3], in the orientation its pixels are stored.
+def decode_image(
+    encoded: bytes | memoryview, *, at_least: int | None = None, max_pixels: int | None = None
+) -> np.ndarray:
+    """An encoded image (bytes, or a view of them) as RGB uint8 [H, W, 3], in the orientation its pixels are stored.
 
     Grey is replicated, a 16-bit sample kept to its high byte, CMYK converted,
     and transparency composited onto white (as img2dataset does). EXIF
@@ -42,7 +44,7 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
     if not encoded:
         raise ValueError("empty image: 0 bytes")
     limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-    if encoded.startswith(_JPEG_MAGIC):
+    if encoded[:3] == _JPEG_MAGIC:
         try:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(encoded)
         except ValueError as exc:
@@ -57,7 +59,7 @@ def decode_image(encoded: bytes, *, at_least: int | None = None, max_pixels: int
     return _decode_with_pillow(encoded, at_least, limit)
 
 
-def _refuse_unless_tolerated(exc: ValueError, encoded: bytes) -> None:
+def _refuse_unless_tolerated(exc: ValueError, encoded: bytes | memoryview) -> None:
     message = str(exc)
     if not any(text in message for text in _TOLERATED_WARNINGS):
         raise ValueError(f"JPEG ({len(encoded)} bytes) cannot be decoded: {message}") from None
@@ -73,7 +75,7 @@ def _check_size(width: int, height: int, limit: int | None) -> None:
         raise ValueError(f"image header gives an empty size {width}x{height}")
 
 
-def _decode_with_pillow(encoded: bytes, at_least: int | None, limit: int | None) -> np.ndarray:
+def _decode_with_pillow(encoded: bytes | memoryview, at_least: int | None, limit: int | None) -> np.ndarray:
     with warnings.catch_warnings(record=True) as caught:
         # Pillow warns about damaged metadata (EXIF) it read past: logged, not raised in a worker.
         warnings.simplefilter("always")
@@ -86,17 +88,17 @@ def _decode_with_pillow(encoded: bytes, at_least: int | None, limit: int | None)
                 log.warning("image decoded despite a warning: %s", warning.message)
 
 
-def _open_and_decode(encoded: bytes, at_least: int | None, limit: int | None) -> np.ndarray:
+def _open_and_decode(encoded: bytes | memoryview, at_least: int | None, limit: int | None) -> np.ndarray:
     try:
         image = Image.open(io.BytesIO(encoded))
     except Image.DecompressionBombError as exc:
         raise ValueError(f"image refused before decoding: {exc}") from None
     except UnidentifiedImageError:
         raise ValueError(
-            f"not a readable image: no decoder recognises its header ({len(encoded)} bytes, starts {encoded[:8]!r})"
+            f"not a readable image: no decoder recognises its header ({len(encoded)} bytes, starts {bytes(encoded[:8])!r})"
         ) from None
     except (OSError, SyntaxError) as exc:
-        raise ValueError(f"not a readable image ({len(encoded)} bytes, starts {encoded[:8]!r}): {exc}") from None
+        raise ValueError(f"not a readable image ({len(encoded)} bytes, starts {bytes(encoded[:8])!r}): {exc}") from None
     width, height = image.size
     try:
         _check_size(width, height, limit)
@@ -107,7 +109,7 @@ def _open_and_decode(encoded: bytes, at_least: int | None, limit: int | None) ->
         image.close()
 
 
-def _decode_jpeg(encoded: bytes, height: int, width: int, at_least: int | None) -> np.ndarray:
+def _decode_jpeg(encoded: bytes | memoryview, height: int, width: int, at_least: int | None) -> np.ndarray:
     # libjpeg-turbo through simplejpeg: several times faster than PIL. It decodes at any M/8
     # scale, but only 8/8, 4/8 and 2/8 have SIMD inverse DCTs (1/8 keeps the DC term alone):
     # at 3/8 and 5/8-7/8 its plain C transforms make a smaller picture take longer than the
