@@ -422,21 +422,19 @@ class _OpenFiles:
     the path, so a shard deleted since is not found, and one replaced since
     (a new file renamed over it) is opened afresh. At most ``limit`` stay
     open, the least recently read closed first (once no thread reads it).
-    A forked child closes its copies of the parent's and opens its own.
+    A forked child closes its copies of the parent's and opens its own
+    (:meth:`after_fork`: a thread of the parent may have held the lock).
     """
 
     def __init__(self, limit: int = 64) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._open: dict[str, _File] = {}  # by path, least recently read first
 
     def take(self, path: str) -> _File:
         """``path`` open (refused unless a regular file), held until :meth:`give`."""
         local, info = _local_stat(path)
         with self._lock:
-            if self._pid != os.getpid():
-                self._forget()
             file = self._open.pop(local, None)
             if file is not None and file.identity != (info.st_dev, info.st_ino):
                 self._retire(file)  # replaced since it was opened
@@ -461,11 +459,14 @@ class _OpenFiles:
         if not file.readers:
             os.close(file.fd)
 
-    def _forget(self) -> None:
+    def after_fork(self) -> None:
+        """In a forked child: a new lock, and the parent's files closed (the child's copies only)."""
+        self._lock = threading.Lock()
         for file in self._open.values():
-            with contextlib.suppress(OSError):  # the parent's copy, closed here only
+            with contextlib.suppress(OSError):
                 os.close(file.fd)
-        self._open, self._pid = {}, os.getpid()
+        self._open = {}
 
 
 _OPEN_FILES = _OpenFiles()
+os.register_at_fork(after_in_child=_OPEN_FILES.after_fork)
