@@ -345,23 +345,28 @@ def test_at_most_the_limit_of_local_shards_stay_open(tmp_path: Path) -> None:
 
 
 def test_a_child_forked_while_a_read_held_the_open_files_lock_still_reads(tmp_path: Path) -> None:
-    import os
-    import time
-
-    from datacat.formats import storage
+    import subprocess
+    import sys
 
     path = tmp_path / "a.bin"
     path.write_bytes(b"abc")
-    assert storage._read_local(str(path), 0, 3) == b"abc"  # open in this process
-    with storage._OPEN_FILES._lock:  # another thread of the parent is inside take() as the child is forked
-        pid = os.fork()
-        if pid == 0:  # the child: a read must not wait for a lock no thread of its own holds
-            os._exit(0 if storage._read_local(str(path), 1, 3) == b"bc" else 1)
-    deadline = time.monotonic() + 30
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if done[0] == 0:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung on the open-files lock")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    # In a fresh interpreter: forking this one, where jax may run, would only test jax's fork warning.
+    code = f"""
+import os, sys, time
+from datacat.formats import storage
+path = {str(path)!r}
+assert storage._read_local(path, 0, 3) == b"abc"  # open in this process
+with storage._OPEN_FILES._lock:  # another thread is inside take() as the child is forked
+    pid = os.fork()
+    if pid == 0:  # the child: a read must not wait for a lock no thread of its own holds
+        os._exit(0 if storage._read_local(path, 1, 3) == b"bc" else 1)
+deadline = time.monotonic() + 20
+while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)
+if done[0] == 0:
+    os.kill(pid, 9)
+    sys.exit("the forked child hung on the open-files lock")
+sys.exit(os.waitstatus_to_exitcode(done[1]))
+"""
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert finished.returncode == 0, finished.stderr[-2000:]
