@@ -334,9 +334,9 @@ def _checksum(header: bytes) -> int:
     """A ustar header's checksum: the sum of its bytes, the checksum field counted as 8 spaces.
 
     Summed by zlib's adler32, whose low half is 1 + the sum of the bytes
-    modulo 65521: exact for pieces of up to 256 bytes (at most 65280). A
-    third of the time of ``sum()`` over the bytes, which was ~5 % of a
-    tar sample's read.
+    modulo 65521: exact for pieces of up to 256 bytes (at most 65280).
+    0.8 us a header here, against 2.7 for ``sum()`` over its bytes (two
+    headers a sample).
     """
     view = memoryview(header)
     pieces = (view[:148], view[156:356], view[356:512])
@@ -367,7 +367,7 @@ def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, by
 def group_by_key(
     members: Iterable[tuple[str, bytes]] | Iterable[tuple[str, memoryview]], url: str
 ) -> Iterator[tuple[str, dict[str, bytes | memoryview]]]:
-    """(key, {extension: bytes}) of each sample; members of one sample must be adjacent."""
+    """(key, {extension: bytes or a view of them}) of each sample; members of one sample must be adjacent."""
     done: set[str] = set()
     key: str | None = None
     fields: dict[str, bytes | memoryview] = {}
