@@ -525,14 +525,26 @@ def test_workers_live_across_epochs(framework: str, tmp_path: Path) -> None:
     assert booting == ([0] * 4 if framework == "jax" else []), booting
 
 
+def shm_mapping(address: int) -> str:
+    """The file mapped at ``address`` in this process (a slot: ``/dev/shm/dc...``, unlinked once mapped)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(end, 16) for end in fields[0].split("-"))
+            if low <= address < high:
+                return fields[5].strip() if len(fields) > 5 else ""
+    return ""
+
+
 def test_torch_workers_fill_a_batch_array_again_only_once_the_loop_dropped_it() -> None:
     import torch
 
-    from datacat.backends.torch import SLOTS
+    from datacat.backends.batch_memory import SLOTS
 
-    def shm_file(batch: dict[str, Any]) -> int:  # the shared-memory file under the batch's pixels
-        fd, _ = batch["image"].untyped_storage()._share_fd_cpu_()
-        return os.fstat(fd).st_ino
+    def slot(batch: dict[str, Any]) -> str:  # the worker's shared-memory slot under the batch's pixels
+        name = shm_mapping(batch["image"].data_ptr())
+        assert name.startswith("/dev/shm/dc"), f"the batch's pixels are not in a slot: {name!r}"
+        return name
 
     options: dict[str, Any] = {"framework": "torch", "batch_size": 4, "epochs": 3, "seed": 2}
     reference = [batch["image"].clone() for batch in datacat.open("sample", **options)]
@@ -540,19 +552,21 @@ def test_torch_workers_fill_a_batch_array_again_only_once_the_loop_dropped_it() 
 
     held = list(datacat.open("sample", num_workers=2, **options))  # every batch kept: none may be filled again
     assert all(torch.equal(a["image"], b) for a, b in zip(held, reference, strict=True))
-    assert len({shm_file(batch) for batch in held}) == len(held)
+    assert len({slot(batch) for batch in held[: 2 * SLOTS]}) == 2 * SLOTS  # then all are held: fresh memory
     del held
 
     loader = datacat.open("sample", num_workers=2, **options)
     start, files = loader.state_dict(), set()
-    for _ in range(3):  # runs left early and started again: the arrays of batches on their way come back
+    for _ in range(3):  # runs left early and started again: the slots of batches on their way come back
         loader.load_state_dict(start)
-        files.update(shm_file(batch) for _, batch in zip(range(3), loader, strict=False))
+        files.update(slot(batch) for _, batch in zip(range(3), loader, strict=False))
     loader.load_state_dict(start)
     for batch, expected in zip(loader, reference, strict=True):  # each dropped before the next is taken
         assert torch.equal(batch["image"], expected)
-        files.add(shm_file(batch))
+        files.add(slot(batch))
     assert len(files) <= 2 * SLOTS, f"{len(files)} arrays for {len(reference) + 9} batches: not filled again"
+    loader.close()
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"dc{os.getpid():x}")]
 
 
 JAX_SLOTS = """
@@ -584,7 +598,7 @@ if __name__ == "__main__":
 
 
 def test_jax_workers_fill_a_batch_array_again_only_once_the_loop_dropped_it(tmp_path: Path) -> None:
-    from datacat.backends.grain_memory import SLOTS
+    from datacat.backends.batch_memory import SLOTS
 
     done = run_script(tmp_path / "slots.py", JAX_SLOTS)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -680,7 +694,7 @@ def test_grain_workers_build_few_batches_ahead_and_exit_when_their_parent_is_kil
 
 
 def shared_memory_of(pid: int) -> list[str]:
-    """The names in /dev/shm of a loader's slot table and its workers' slots (grain_memory.Slots)."""
+    """The names in /dev/shm of a loader's slot table and its workers' slots (batch_memory.Slots)."""
     return [name for name in os.listdir("/dev/shm") if name.startswith(f"dc{pid:x}")]
 
 

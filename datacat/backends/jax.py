@@ -35,7 +35,7 @@ import grain
 import jax
 import numpy as np
 
-from datacat.backends import grain_memory
+from datacat.backends import batch_memory
 from datacat.backends.base import EpochRun, Loader
 from datacat.errors import OptionError
 from datacat.resolve import Plan
@@ -82,7 +82,7 @@ def _take_first(iterator: Any, future: concurrent.futures.Future[dict[str, Any]]
         future.set_exception(exc)
 
 
-def _stop(iterator: Any, slots: grain_memory.Slots | None) -> None:
+def _stop(iterator: Any, slots: batch_memory.Slots | None) -> None:
     """Stops a run's workers (grain's close() frees the batches in flight), then unlinks what they never sent."""
     if iterator is not None:
         iterator.close()
@@ -90,7 +90,7 @@ def _stop(iterator: Any, slots: grain_memory.Slots | None) -> None:
         slots.close()
 
 
-def _stop_in_thread(iterator: Any, slots: grain_memory.Slots | None) -> threading.Thread:
+def _stop_in_thread(iterator: Any, slots: batch_memory.Slots | None) -> threading.Thread:
     """Stops a run in a thread of its own, joined at exit before multiprocessing's own hooks run."""
     stopping = threading.Thread(target=_stop, args=(iterator, slots), name="datacat-grain-stop", daemon=True)
     stopping.start()
@@ -107,7 +107,7 @@ def _start_worker(parent: int, slots: tuple[str, int] | None, worker_index: int,
 
     threading.Thread(target=watch, name="datacat-parent-watch", daemon=True).start()
     if slots is not None:
-        grain_memory.worker_slots(*slots, worker_index)
+        batch_memory.worker_slots(*slots, worker_index)
 
 
 class JaxLoader(Loader):
@@ -130,11 +130,11 @@ class JaxLoader(Loader):
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
         self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
         self._boot: threading.Thread | None = None  # the thread that asks for it, until started
-        self._slots: grain_memory.Slots | None = None  # the run's reusable batch memory in its workers
+        self._slots: batch_memory.Slots | None = None  # the run's reusable batch memory in its workers
         self._stopping: list[threading.Thread] = []  # finished runs' workers, stopping
         self._dropped: weakref.finalize[Any, JaxLoader] | None = None  # stops the run of a loader dropped unclosed
         if self.num_workers > 0:
-            self.epochs_of.allocate = grain_memory.take  # a worker's slot when it has one free
+            self.epochs_of.allocate = batch_memory.take  # a worker's slot when it has one free
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
@@ -154,9 +154,9 @@ class JaxLoader(Loader):
             # First epoch, or the last one was left early: a new run from here.
             self.close()
             run = EpochRun(self.epochs_of, epoch, first, None if self.epochs is None else self.epochs)
-            if self.num_workers > 0 and grain_memory.available():
-                self._slots = grain_memory.Slots(self.num_workers)
-            source = grain.MapDataset.source(run).map(grain_memory.hand_over)
+            if self.num_workers > 0 and batch_memory.available():
+                self._slots = batch_memory.Slots(self.num_workers)
+            source = grain.MapDataset.source(run).map(batch_memory.hand_over)
             self._iterator = iter(self._prefetched(source, sequential=False))
             self._dropped = weakref.finalize(self, _stop_in_thread, self._iterator, self._slots)
             self._dropped.atexit = False  # a loader still open at exit is closed by base's exit hook
@@ -241,7 +241,7 @@ class JaxLoader(Loader):
     def _cold(self, epoch: int, first: int) -> bool:
         return self._iterator is None or self._next != (epoch, first)
 
-    def _detach(self) -> tuple[Any, grain_memory.Slots | None]:
+    def _detach(self) -> tuple[Any, batch_memory.Slots | None]:
         # Dropping the iterator is not enough to stop the workers: the thread that asked for its
         # first batch may still hold it.
         iterator, slots = self._iterator, self._slots
@@ -272,12 +272,12 @@ class JaxLoader(Loader):
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         for key, value in batch.items():
-            if isinstance(value, grain_memory.SlotRef):
+            if isinstance(value, batch_memory.SlotRef):
                 assert self._slots is not None, "a slot's batch outside the run that made it"
                 batch[key] = self._slots.receive(value)
             # grain hands other arrays over in shared memory; give the user plain arrays and free the segments.
             elif isinstance(value, np.ndarray) and type(value) is not np.ndarray:
-                batch[key] = grain_memory.plain(value)
+                batch[key] = batch_memory.plain(value)
                 if hasattr(value, "unlink_on_del"):
                     value.unlink_on_del()  # grain's array, deleted now, unlinks the segment's name
         if self.device_put:

@@ -3,10 +3,12 @@
 Each worker builds whole batches of this rank's slice (random access
 formats: every ``num_workers``-th batch, so the merged order is the same for
 any worker count; stream formats: one contiguous run of batches each, read
-front to back), sends each as tensors through shared memory, and the main
-process takes them in order. A worker fills the same few shared-memory
-batch arrays again once the main process holds no tensor of them (no fresh
-pages to allocate and zero for every batch). The workers live across epochs
+front to back), and the main process takes them in order. A worker resizes
+a batch's images into one of a few shared-memory arrays of its own and
+sends only its name; it fills the array again once the main process holds
+no tensor of it (:mod:`~datacat.backends.batch_memory`: no fresh pages to
+allocate and zero, no file descriptor to pass, for every batch). The
+workers live across epochs
 (``persistent_workers``): the main process writes where a run starts (epoch,
 first batch, last epoch) into a small shared array, and each worker builds
 each epoch's view itself from the pickled ``Epochs``. A random access run
@@ -19,20 +21,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import multiprocessing
 import multiprocessing.context
 import os
 import sys
+import weakref
 from collections.abc import Generator, Iterator
 from typing import Any
 
 # This module is the torch backend; nothing else in datacat imports torch.
 import numpy as np
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from datacat.backends import batch_memory
 from datacat.backends.base import EpochRun, Epochs, Loader
 from datacat.epochs import round_robin_consumed
 from datacat.errors import DatacatError, OptionError
@@ -72,23 +74,25 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
     this one. Stream formats: this worker's contiguous run of the one epoch.
     ``position`` is shared memory the main process writes before each run
     (a list when there are no workers), so one pool of workers serves them all.
-    ``slots`` is the shared table of the workers' reusable batch arrays (see
-    :class:`_Slots`); None: every batch in fresh memory.
+    ``slots`` attaches a worker to the loader's reusable batch memory
+    (:class:`~datacat.backends.batch_memory.Slots`); None: every batch's
+    images are sent as a tensor.
     """
 
-    def __init__(self, epochs: Epochs, position: Any, sequential: bool, slots: Any = None) -> None:
+    def __init__(self, epochs: Epochs, position: Any, sequential: bool, slots: tuple[str, int] | None = None) -> None:
         self.epochs, self.position, self.sequential, self.slots = epochs, position, sequential, slots
 
     def __iter__(self) -> Generator[dict[str, Any], None, None]:
-        global _SLOTS
+        global _STARTED
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, start, last, run_number = (int(value) for value in self.position[:4])
-        if info is not None and _SLOTS is None:  # this worker's first run
+        if info is not None and not _STARTED:  # this worker's first run
+            _STARTED = True
             _keep_freed_memory()
-            _SLOTS = _Slots(self.slots, worker, workers)
-        if _SLOTS is not None:
-            _SLOTS.run = run_number
+            if self.slots is not None:
+                batch_memory.worker_slots(*self.slots, worker)
+        batch_memory.serve_run(run_number)
         if self.sequential:
             batches = self.epochs.batches(epoch)
             run: EpochRun | BatchView = batches
@@ -100,125 +104,17 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
             indices = range(worker, len(run), workers)
         try:
             for index in indices:
-                output = run[index]
+                output = batch_memory.hand_over(run[index])  # images in a slot: only its name is sent
                 batch = output["batch"]
                 for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
-                    if key in batch:
-                        batch[key], slot = _as_tensor(batch[key])  # tensors cross to the main process in shared memory
-                        if slot is not None:
-                            output["slot"] = slot
+                    if isinstance(batch.get(key), np.ndarray):
+                        batch[key] = torch.from_numpy(batch[key])  # DataLoader moves it to shared memory to send it
                 yield output
         finally:
             run.close()  # its read-ahead thread
 
 
-_SHARED: dict[int, tuple[torch.Tensor, int | None]] = {}  # batch arrays handed out, by data address, until sent
-_SLOTS: _Slots | None = None  # this worker's reusable batch arrays (None in the main process)
-
-
-class _Slots:
-    """A worker's reusable shared-memory batch arrays, and the table that says which the main process still holds.
-
-    The table (shared memory, one int a slot, ``SLOTS`` slots a worker) holds
-    0 for a slot the worker may fill, else the number of the run that filled
-    it. A worker marks a slot as it fills it; the main process marks it free
-    once no tensor of the batch is left there (:class:`_Returns`). Torch's own
-    collate allocates every batch afresh: ~3 % of a worker's CPU went to
-    allocating, zeroing and freeing 12 MB of shared pages a batch.
-    """
-
-    def __init__(self, table: Any, worker: int, workers: int) -> None:
-        self.table, self.run = table, 0  # no table (reuse_batch_memory=False): no slots
-        per_worker = 0 if table is None else len(table) // workers
-        self.first, self.count = worker * per_worker, per_worker
-        self.arrays: list[tuple[torch.Tensor, np.ndarray]] = []
-
-    def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray, int] | None:
-        """A free slot's tensor and array of ``shape`` (a new slot while there is room), marked taken; None if none."""
-        for k, (tensor, array) in enumerate(self.arrays):
-            slot = self.first + k
-            if self.table[slot] == 0 and array.shape[1:] == shape[1:] and len(array) >= shape[0]:
-                self.table[slot] = self.run
-                return tensor[: shape[0]], array[: shape[0]], slot
-        if len(self.arrays) == self.count:
-            return None  # the main process holds them all: this batch goes in fresh memory
-        tensor, array = _new_shared(shape)
-        self.arrays.append((tensor, array))
-        slot = self.first + len(self.arrays) - 1
-        self.table[slot] = self.run
-        return tensor, array, slot
-
-
-SLOTS = 8
-"""Reusable batch arrays a worker: ``prefetch_factor`` (4) in flight, one being built, the rest held by the loop."""
-
-
-def _new_shared(shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
-    try:
-        # Made in shared memory, as DataLoader's own collate makes its batches (share_memory_() on an
-        # empty tensor would allocate it privately first, then copy the whole batch across).
-        storage = torch.UntypedStorage._new_shared(math.prod(shape))  # type: ignore[no-untyped-call]
-        tensor = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-    except AttributeError:  # a torch without the private constructor
-        tensor = torch.empty(shape, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-    return tensor, tensor.numpy()
-
-
-def _shared_batch(shape: tuple[int, ...]) -> np.ndarray:
-    """An empty uint8 batch in shared memory, so sending it to the main process copies nothing."""
-    taken = _SLOTS.take(shape) if _SLOTS is not None else None
-    if taken is None:
-        tensor, array = _new_shared(shape)
-        slot = None
-    else:
-        tensor, array, slot = taken
-    if len(_SHARED) > 64:
-        _SHARED.clear()  # batches dropped unsent (an error elsewhere): forget them
-    _SHARED[array.ctypes.data] = (tensor, slot)
-    return array
-
-
-def _as_tensor(array: np.ndarray) -> tuple[torch.Tensor, int | None]:
-    """``array`` as a tensor, and the slot it fills (None: fresh memory)."""
-    tensor, slot = _SHARED.pop(array.ctypes.data, (None, None))
-    if tensor is not None and tuple(tensor.shape[1:]) == array.shape[1:] and len(array) <= len(tensor):
-        return tensor[: len(array)], slot  # a batch short of its bad samples is the head of its shared array
-    return torch.from_numpy(array), None
-
-
-class _Returns:
-    """The main process's side of the slot table: each slot it holds, freed once no tensor of it is left here.
-
-    A weak reference to the batch's storage expires when the last tensor or
-    view of it dies (torch's own cache of shared storages is weak too).
-    """
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-        self.held: list[tuple[StorageWeakRef, int]] = []
-
-    def hold(self, output: dict[str, Any]) -> None:
-        slot = output.pop("slot", None)
-        self.release()
-        if slot is not None:
-            storage = output["batch"]["image"].untyped_storage()
-            self.held.append((StorageWeakRef(storage), slot))  # type: ignore[no-untyped-call]
-
-    def release(self) -> None:
-        held = []
-        for storage, slot in self.held:
-            if storage.expired():  # type: ignore[no-untyped-call]
-                self.table[slot] = 0
-            else:
-                held.append((storage, slot))
-        self.held = held
-
-    def reclaim(self, run: int) -> None:
-        """Frees the slots of runs before ``run`` that never reached the loop (taken back when a run restarts)."""
-        held = {slot for _, slot in self.held}
-        for slot in range(len(self.table)):
-            if 0 < self.table[slot] < run and slot not in held:
-                self.table[slot] = 0
+_STARTED = False  # whether this worker process has started its first run
 
 
 def _keep_freed_memory() -> None:
@@ -287,6 +183,20 @@ def _jax_started() -> bool:
     return bridge is None or bool(getattr(bridge, "_backends", True))
 
 
+def _stop_workers(workers: DataLoader | None, slots: batch_memory.Slots | None) -> None:  # type: ignore[type-arg]
+    """Stops and joins the workers now, then unlinks the batch memory they never sent.
+
+    Dropping the DataLoader would stop them only once its iterator is
+    collected, which a suspended loop or a reference cycle delays: a worker
+    still running could make a slot after its names were unlinked.
+    """
+    shutdown = getattr(getattr(workers, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()  # torch's own, as the iterator's finaliser calls it; a second call does nothing
+    if slots is not None:
+        slots.close()
+
+
 def _unless_stuck(batches: Iterator[dict[str, Any]], timeout: float, name: str) -> Iterator[dict[str, Any]]:
     # A worker stuck on storage would otherwise keep the main process waiting forever.
     try:
@@ -340,11 +250,12 @@ class TorchLoader(Loader):
         self._workers: DataLoader | None = None  # type: ignore[type-arg]
         self._position: Any = None
         self._runs = 0  # runs started on these workers: the slot table's marks
-        self._returns: _Returns | None = None
+        self._slots: batch_memory.Slots | None = None  # the workers' reusable batch memory
+        self._stop: weakref.finalize[Any, TorchLoader] | None = None  # stops the workers, then frees it
         self._run: Iterator[dict[str, Any]] | None = None  # the workers' batches of the current run of epochs
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._run yields next
-        if self.num_workers:
-            self.epochs_of.allocate = _shared_batch  # collated straight into shared memory, sent with no copy
+        if self.num_workers and reuse_batch_memory:
+            self.epochs_of.allocate = batch_memory.take  # a worker's slot when it has one free
 
     def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
         sequential = not self.source.random_access
@@ -352,6 +263,8 @@ class TorchLoader(Loader):
             return iter(_BatchStream(self.epochs_of, [epoch, first, epoch + 1, 0], sequential))
         if self._workers is None:
             self._workers = self._start_workers(sequential)
+            # A loader dropped unclosed stops its workers, then unlinks their batch memory, in that order.
+            self._stop = weakref.finalize(self, _stop_workers, self._workers, self._slots)
         if sequential:  # one epoch at a time: each worker reads its shards front to back
             return self._from_run(self._start_run(epoch, first, epoch + 1), epoch, first)
         if self._run is None or self._next != (epoch, first):
@@ -365,8 +278,8 @@ class TorchLoader(Loader):
         self._position[:] = [epoch, first, last, self._runs]
         run = _unless_stuck(iter(self._workers), self.worker_timeout, self.plan.name)  # type: ignore[arg-type]
         # iter() has taken (and dropped) every batch of the last run still on its way: their slots are free.
-        if self._returns is not None:
-            self._returns.reclaim(self._runs)
+        if self._slots is not None:
+            self._slots.reclaim(self._runs)
         return run
 
     def _from_run(self, run: Iterator[dict[str, Any]], epoch: int, first: int) -> Iterator[dict[str, Any]]:
@@ -376,8 +289,6 @@ class TorchLoader(Loader):
             output = next(run, None)
             if output is None:
                 return  # the workers stopped early: the loop taking these batches says so
-            if self._returns is not None:
-                self._returns.hold(output)
             self._next = (epoch, index + 1) if index + 1 < batches else (epoch + 1, 0)
             yield output
 
@@ -388,10 +299,12 @@ class TorchLoader(Loader):
             _check_picklable(_BatchStream(self.epochs_of, [0, 0, 1, 0], sequential))
         # Both tables reach every worker as it starts, so any start method works.
         self._position = mp.RawArray("q", 4)
-        table = mp.RawArray("i", SLOTS * self.num_workers) if self.reuse_batch_memory else None
-        self._returns = None if table is None else _Returns(table)
+        if self.reuse_batch_memory and batch_memory.available():
+            self._slots = batch_memory.Slots(self.num_workers)
         return DataLoader(
-            _BatchStream(self.epochs_of, self._position, sequential, table),
+            _BatchStream(
+                self.epochs_of, self._position, sequential, None if self._slots is None else self._slots.worker_args
+            ),
             batch_size=None,
             num_workers=self.num_workers,
             collate_fn=_identity,
@@ -415,10 +328,15 @@ class TorchLoader(Loader):
             stream.close()
 
     def close(self) -> None:
-        # Dropping the DataLoader drops its iterator, whose finaliser stops and joins the workers.
-        self._workers, self._run, self._next, self._returns = None, None, None, None
+        if self._stop is not None:
+            self._stop()  # once
+        self._workers, self._run, self._next, self._slots, self._stop = None, None, None, None, None
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
+        image = batch.get("image")
+        if isinstance(image, batch_memory.SlotRef):
+            assert self._slots is not None, "a slot's batch outside the workers that made it"
+            batch["image"] = torch.from_numpy(self._slots.receive(image))  # the tensor keeps the slot's array alive
         if self.image_layout == "chw_float" and "image" in batch:
             batch["image"] = batch["image"].permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
         return batch

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from datacat.backends import grain_memory
-from datacat.backends.grain_memory import SLOTS, SlotRef, Slots, WorkerSlots, _posixshmem
+from datacat.backends import batch_memory
+from datacat.backends.batch_memory import SLOTS, SlotRef, Slots, WorkerSlots, _posixshmem
 
 SHAPE = (4, 8, 8, 3)
 
@@ -25,7 +25,7 @@ def slots() -> Iterator[tuple[Slots, WorkerSlots]]:
 
 def shm_names(slots: Slots) -> set[str]:
     """Which of the table's and its workers' slot names are still there (POSIX: no /dev/shm listing needed)."""
-    names = [slots.name] + [grain_memory._slot_name(slots.name, slot) for slot in range(SLOTS * slots.workers)]
+    names = [slots.name] + [batch_memory._slot_name(slots.name, slot) for slot in range(SLOTS * slots.workers)]
     there = set()
     for name in names:
         try:
@@ -78,13 +78,13 @@ def test_a_worker_whose_slots_are_all_held_gives_fresh_memory(slots: tuple[Slots
     loader, worker = slots
     held = [loader.receive(batch(worker, k)) for k in range(SLOTS)]
     assert worker.take(SHAPE) is None
-    grain_memory._WORKER = worker
+    batch_memory._WORKER = worker
     try:
-        fresh = grain_memory.take(SHAPE)
+        fresh = batch_memory.take(SHAPE)
         assert fresh.shape == SHAPE and not any(np.shares_memory(fresh, h) for h in held)
-        assert grain_memory.hand_over({"batch": {"image": fresh}})["batch"]["image"] is fresh
+        assert batch_memory.hand_over({"batch": {"image": fresh}})["batch"]["image"] is fresh
     finally:
-        grain_memory._WORKER = None
+        batch_memory._WORKER = None
     assert [int(h[0, 0, 0, 0]) for h in held] == list(range(SLOTS))
 
 
@@ -96,3 +96,21 @@ def test_closing_unlinks_every_name_even_of_slots_never_received(slots: tuple[Sl
     loader.close()
     assert shm_names(loader) == set()
     assert (received == 4).all()  # the loop's array outlives the run
+
+
+def test_a_run_started_again_gets_back_the_slots_of_batches_that_never_arrived(
+    slots: tuple[Slots, WorkerSlots],
+) -> None:
+    loader, worker = slots
+    worker.run = 1
+    kept = loader.receive(batch(worker, 1))
+    lost = batch(worker, 2)  # filled for run 1, dropped on its way when run 2 started
+    worker.run = 2
+    loader.reclaim(2)
+    assert loader.table[lost.slot] == 0  # free: its batch will never reach the loader
+    assert loader.table[SLOTS + 0] == 1 and (kept == 1).all()  # still held by the loop
+    again = batch(worker, 3)
+    assert again.slot == lost.slot and loader.table[again.slot] == 2
+    del kept
+    loader.reclaim(3)
+    assert (loader.table == 0).all()

@@ -1,22 +1,31 @@
-"""How a batch's images cross from a grain worker to the loader's process: shared memory filled again.
+"""How a batch's images cross from a worker process to the loader's: shared memory filled again, sent by name.
 
-grain copies every array a worker yields into a fresh shared-memory segment
-(``copy_to_shm``), which the loader's process maps and unlinks: per batch of
-64 images at 256 px, 12 MB copied once more and 3000 pages allocated, zeroed,
-faulted in twice and freed (~6 % of a worker's CPU here). Instead each worker
-resizes its images straight into one of ``SLOTS`` segments of its own, made
-once, and yields a :class:`SlotRef` naming it. The loader's process maps each
-segment once and gives out views of it; a table in shared memory (one int a
-slot, :class:`Slots`) says which slots it still holds. A slot is free again
-once the array it gave out, and every view of it, is gone: numpy views all
-lead back to that one array (their ``base``), and anything else that keeps
-the pixels (a memoryview, a jax buffer, a torch tensor) keeps a view.
+Both backends' workers resize each batch's images straight into one of
+``SLOTS`` shared-memory segments of their own, made once, and send a
+:class:`SlotRef` naming it instead of the pixels. The loader's process maps
+each segment once and gives out views of it; a table in shared memory (one
+int a slot, :class:`Slots`) says which slots it still holds. A slot is free
+again once the array it gave out, and every view of it, is gone: numpy
+views all lead back to that one array (their ``base``), and anything else
+that keeps the pixels (a memoryview, a jax buffer, a tensor made by
+``torch.from_numpy``) keeps a view.
+
+What it saves: grain copies every array a worker yields into a fresh
+shared-memory segment (``copy_to_shm``), which the loader's process maps and
+unlinks: per batch of 64 images at 256 px, 12 MB copied once more and 3000
+pages allocated, zeroed, faulted in twice and freed (~6 % of a worker's CPU
+here). Torch sends a tensor in shared memory as a file descriptor, passed
+for every batch through a connection to a thread in the worker: ~0.8 ms of
+CPU a batch over a name (12 µs an image, 2 workers, 64 images a batch).
 
 Names: the loader's process makes the table; each worker makes its slots
 under names derived from the table's, so the loader can unlink whatever a
 stopped worker left. Each segment's name is unlinked as soon as the loader
 maps it (both mappings stay); the resource tracker unlinks what a killed
-process left. Nothing here imports grain or jax.
+process left. A worker whose loader starts its runs again (torch's workers
+live across them) marks each slot with the run it filled it for, and the
+loader frees the slots of earlier runs that never reached it
+(:meth:`Slots.reclaim`). Nothing here imports torch, grain or jax.
 """
 
 from __future__ import annotations
@@ -37,10 +46,21 @@ try:
 except ImportError:  # not POSIX: every batch goes through grain's own copy
     _posixshmem = None
 
-__all__ = ["SLOTS", "SlotRef", "Slots", "WorkerSlots", "available", "hand_over", "plain", "take", "worker_slots"]
+__all__ = [
+    "SLOTS",
+    "SlotRef",
+    "Slots",
+    "WorkerSlots",
+    "available",
+    "hand_over",
+    "plain",
+    "serve_run",
+    "take",
+    "worker_slots",
+]
 
 SLOTS = 8
-"""Reusable batch arrays a worker: the ~5 batches grain holds on their way, and those the loop holds."""
+"""Reusable batch arrays a worker: those on their way (grain holds ~5, torch's ``prefetch_factor`` 4), and those the loop holds."""
 
 _INT = np.dtype(np.int32)
 
@@ -104,9 +124,11 @@ class Slots:
         self.workers = workers
         self.name = f"/dc{os.getpid():x}{secrets.token_hex(4)}"
         self._table_memory = _create(self.name, SLOTS * workers * _INT.itemsize)
-        self.table = np.frombuffer(self._table_memory, _INT)  # 0: the worker may fill the slot; 1: held here
+        self.table = np.frombuffer(self._table_memory, _INT)  # 0: the worker may fill it; else its run
         self._mapped: dict[str, mmap.mmap] = {}
         self._held: list[tuple[weakref.ref[np.ndarray], int]] = []
+        # A loader dropped unclosed takes its names with it (not at exit, where the tracker would warn).
+        self._unlink = weakref.finalize(self, _unlink_all, self.name, workers, os.getpid())
 
     @property
     def worker_args(self) -> tuple[str, int]:
@@ -133,14 +155,27 @@ class Slots:
                 held.append((array, slot))
         self._held = held
 
+    def reclaim(self, run: int) -> None:
+        """Frees the slots filled for runs before ``run`` that never reached this process (a run started again)."""
+        self.release()
+        held = {slot for _, slot in self._held}
+        for slot in range(len(self.table)):
+            if 0 < self.table[slot] < run and slot not in held:
+                self.table[slot] = 0
+
     def close(self) -> None:
         """Unlinks the table and any slot a worker made that never reached this process; the workers have stopped."""
-        for worker in range(self.workers):
-            for slot in range(SLOTS):
-                _unlink(_slot_name(self.name, worker * SLOTS + slot))
-        _unlink(self.name)
+        self._unlink()
         self._mapped.clear()  # each mapping goes once the last array of it does
         self._held = []
+
+
+def _unlink_all(table: str, workers: int, owner: int) -> None:
+    if os.getpid() != owner:  # a forked copy of the loader's process: the names are not its to remove
+        return
+    for slot in range(SLOTS * workers):
+        _unlink(_slot_name(table, slot))
+    _unlink(table)
 
 
 def _slot_name(table: str, slot: int) -> str:
@@ -156,6 +191,7 @@ class WorkerSlots:
         self.first = worker * SLOTS
         self.arrays: list[np.ndarray] = []
         self.taken: dict[int, int] = {}  # data address of a slot given out -> its index in self.arrays
+        self.run = 1  # what a slot is marked with as it is filled: the loader's run this worker serves
         self.lock = threading.Lock()  # grain may read with several threads
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -172,7 +208,7 @@ class WorkerSlots:
             return self._give(len(self.arrays) - 1, self.arrays[-1])
 
     def _give(self, k: int, array: np.ndarray) -> np.ndarray:
-        self.table[self.first + k] = 1
+        self.table[self.first + k] = self.run
         self.taken[array.ctypes.data] = k
         return array
 
@@ -196,10 +232,16 @@ _WORKER: WorkerSlots | None = None  # this worker process's slots (None in the l
 
 
 def worker_slots(table: str, workers: int, worker: int) -> None:
-    """In a grain worker: attach to the loader's table; this worker's batches go in its slots from now on."""
+    """In a worker: attach to the loader's table; this worker's batches go in its slots from now on."""
     global _WORKER
     if _posixshmem is not None:
         _WORKER = WorkerSlots(table, workers, worker)
+
+
+def serve_run(run: int) -> None:
+    """In a worker: the batches from now on are for the loader's run ``run`` (torch's workers serve several)."""
+    if _WORKER is not None:
+        _WORKER.run = run
 
 
 def take(shape: tuple[int, ...]) -> np.ndarray:
@@ -209,7 +251,7 @@ def take(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def hand_over(output: dict[str, Any]) -> dict[str, Any]:
-    """``output`` with its images as a :class:`SlotRef` when they lie in a slot (grain then copies nothing)."""
+    """``output`` with its images as a :class:`SlotRef` when they lie in a slot (then only the name crosses)."""
     if _WORKER is not None and "image" in output["batch"]:
         output["batch"]["image"] = _WORKER.hand_over(output["batch"]["image"])
     return output
