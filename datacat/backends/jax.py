@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from datacat.backends import batch_memory
-from datacat.backends.base import EpochRun, Loader
+from datacat.backends.base import EpochRun, Loader, keep_freed_memory
 from datacat.errors import OptionError
 from datacat.resolve import Plan
 
@@ -106,6 +106,7 @@ def _start_worker(parent: int, slots: tuple[str, int] | None, worker_index: int,
         os._exit(1)
 
     threading.Thread(target=watch, name="datacat-parent-watch", daemon=True).start()
+    keep_freed_memory()
     if slots is not None:
         batch_memory.worker_slots(*slots, worker_index)
 

@@ -19,7 +19,6 @@ would leave a core idle at every epoch's end).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import multiprocessing
 import multiprocessing.context
@@ -35,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from datacat.backends import batch_memory
-from datacat.backends.base import EpochRun, Epochs, Loader
+from datacat.backends.base import EpochRun, Epochs, Loader, keep_freed_memory
 from datacat.epochs import round_robin_consumed
 from datacat.errors import DatacatError, OptionError
 from datacat.pipeline import BatchView
@@ -89,7 +88,7 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
         epoch, start, last, run_number = (int(value) for value in self.position[:4])
         if info is not None and not _STARTED:  # this worker's first run
             _STARTED = True
-            _keep_freed_memory()
+            keep_freed_memory()
             if self.slots is not None:
                 batch_memory.worker_slots(*self.slots, worker)
         batch_memory.serve_run(run_number)
@@ -115,29 +114,6 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
 
 
 _STARTED = False  # whether this worker process has started its first run
-
-
-def _keep_freed_memory() -> None:
-    """In a worker: glibc's malloc keeps memory freed for the next sample instead of unmapping it.
-
-    A sample's bytes and its decoded image (0.1-3 MB) lie over glibc's
-    adaptive mmap threshold, or at the top of the read-ahead thread's arena,
-    which it trims: by default each is mapped afresh and faulted in page by
-    page. Fixed thresholds (a worker's working set is a few batches) cut a
-    worker's CPU per image by ~6 % here (sys time 0.12 -> 0.05 ms an image).
-    Other C libraries keep their own malloc's choices. Not in grain's
-    workers: there it cut kernel time from ~0.065 to ~0.045 ms an image,
-    within this VM's noise in throughput (3 pairs), and their memory crept
-    up ~6 MB over a 100k-record epoch.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # glibc's; musl's does nothing
-    except (OSError, AttributeError):
-        return
-    mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD: free memory kept at the top of a heap before returning it
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum): blocks under it come from the heaps
 
 
 def _identity(item: Any) -> Any:
