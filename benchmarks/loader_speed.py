@@ -392,6 +392,8 @@ def _lean_worker(urls: list[str], ring_name: str, shape: tuple[int, ...], tasks:
                     decode_image(os.pread(files[shard], size, offset), at_least=SIZE), SIZE, into=ring[slot, row]
                 )
             done.put((slot, len(spans)))  # type: ignore[attr-defined]
+    except Exception as exc:  # said, not left to hang the main process's wait
+        done.put((-1, f"{type(exc).__name__}: {exc}"))  # type: ignore[attr-defined]
     finally:
         del ring
         memory.close()
@@ -439,6 +441,8 @@ def _lean(folder: Path, epochs: int, workers: int, batch: int) -> object:
                     pending += 1
             while pending:
                 slot, count = done.get()
+                if slot < 0:
+                    raise RuntimeError(f"a lean loader worker failed: {count}")
                 pending -= 1
                 yield ring[slot, :count]  # the consumer is done with it when it asks for the next
                 if (task := next(batches, None)) is not None:
