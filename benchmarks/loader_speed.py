@@ -59,6 +59,7 @@ import json
 import math
 import multiprocessing
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -67,6 +68,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -399,6 +401,16 @@ def _lean_worker(urls: list[str], ring_name: str, shape: tuple[int, ...], tasks:
         memory.close()
 
 
+def _next_done(done: Any, processes: list[Any]) -> tuple[int, Any]:
+    # The next finished batch; a worker that died without a word (a signal) is said, not waited on.
+    while True:
+        try:
+            return done.get(timeout=5)  # type: ignore[no-any-return]
+        except queue.Empty:
+            if not all(process.is_alive() for process in processes):
+                raise RuntimeError("a lean loader worker died") from None
+
+
 def _lean(folder: Path, epochs: int, workers: int, batch: int) -> object:
     """The least a loader with worker processes does, for scale: no datacat loader can beat it by much.
 
@@ -419,7 +431,7 @@ def _lean(folder: Path, epochs: int, workers: int, batch: int) -> object:
     shape = (slots, batch, SIZE, SIZE, 3)
     memory = shared_memory.SharedMemory(create=True, size=math.prod(shape))
     context = multiprocessing.get_context("fork")
-    tasks, done = context.SimpleQueue(), context.SimpleQueue()
+    tasks, done = context.SimpleQueue(), context.Queue()
     processes = [
         context.Process(target=_lean_worker, args=(urls, memory.name, shape, tasks, done), daemon=True)
         for _ in range(workers)
@@ -440,7 +452,7 @@ def _lean(folder: Path, epochs: int, workers: int, batch: int) -> object:
                     tasks.put((slot, task))
                     pending += 1
             while pending:
-                slot, count = done.get()
+                slot, count = _next_done(done, processes)
                 if slot < 0:
                     raise RuntimeError(f"a lean loader worker failed: {count}")
                 pending -= 1
