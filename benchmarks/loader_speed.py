@@ -90,6 +90,7 @@ STOLEN_AT_MOST = 10.0  # % of the machine the hypervisor may steal in a stream's
 # (1.79-2.08x one core, mean 1.91, against 1.74-2.14x, mean 2.00, over four, in the same 4 rounds here): the
 # children's first images and the wait for the later of the two weigh on so short a pass.
 TOGETHER_PASSES = 4
+CALIBRATION_ROUNDS = 5  # rounds of paired one-core passes that choose the limit's method
 
 
 # ---------------------------------------------------------------------- corpus --
@@ -209,11 +210,12 @@ def to_tensor(image: np.ndarray) -> object:
     return torch.from_numpy(image).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
 
 
-def datacat_decode(data: bytes) -> np.ndarray:
+def datacat_decode(data: bytes, into: np.ndarray | None = None) -> np.ndarray:
+    """datacat's transform: power-of-two DCT reduction, centre crop, linear resize (into ``into`` when given)."""
     from datacat.transforms.decode import decode_image
     from datacat.transforms.resize import resize_image
 
-    return resize_image(decode_image(data, at_least=SIZE), SIZE)
+    return resize_image(decode_image(data, at_least=SIZE), SIZE, into=into)
 
 
 METHODS: dict[str, Callable[[bytes], np.ndarray]] = {
@@ -328,9 +330,6 @@ def calibrate(jpegs: list[bytes]) -> dict[str, float | str]:
     return out
 
 
-CALIBRATION_ROUNDS = 5
-
-
 def limit_pass(method: str, jpegs: list[bytes], cores: int) -> tuple[float, float]:
     """Images per second of the limit's method on one core, and in ``cores`` processes at once."""
     one = one_core_pass(METHODS[method], jpegs)
@@ -375,28 +374,26 @@ def _usual_grain(folder: Path, epochs: int, workers: int, batch: int, decode) ->
     return iter(dataset)
 
 
-def _lean_worker(urls: list[str], ring_name: str, shape: tuple[int, ...], tasks: object, done: object) -> None:
+def _lean_worker(urls: list[str], ring_name: str, shape: tuple[int, ...], tasks: Any, done: Any) -> None:
     from multiprocessing import shared_memory
 
     from datacat.backends.base import keep_freed_memory
-    from datacat.transforms.decode import decode_image
-    from datacat.transforms.resize import resize_image
 
     keep_freed_memory()
     memory = shared_memory.SharedMemory(name=ring_name)
     ring = np.ndarray(shape, np.uint8, buffer=memory.buf)
     files = [os.open(url, os.O_RDONLY) for url in urls]
     try:
-        while (task := tasks.get()) is not None:  # type: ignore[attr-defined]
+        while (task := tasks.get()) is not None:
             slot, spans = task
             for row, (shard, offset, size) in enumerate(spans):
-                resize_image(
-                    decode_image(os.pread(files[shard], size, offset), at_least=SIZE), SIZE, into=ring[slot, row]
-                )
-            done.put((slot, len(spans)))  # type: ignore[attr-defined]
+                datacat_decode(os.pread(files[shard], size, offset), into=ring[slot, row])
+            done.put((slot, len(spans)))
     except Exception as exc:  # said, not left to hang the main process's wait
-        done.put((-1, f"{type(exc).__name__}: {exc}"))  # type: ignore[attr-defined]
+        done.put((-1, f"{type(exc).__name__}: {exc}"))
     finally:
+        for descriptor in files:
+            os.close(descriptor)
         del ring
         memory.close()
 
