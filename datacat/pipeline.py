@@ -225,6 +225,17 @@ class EpochView:
         shard, begin, _ = self.spans[part]
         return self.offsets[shard] + begin + offset
 
+    def positions(self, indices: Sequence[int]) -> list[int]:
+        """``[self.position(i) for i in indices]``; a random-access batch's shuffle computed at once."""
+        if not self.source.random_access or not indices:
+            return [self.position(i) for i in indices]
+        if min(indices) < 0 or max(indices) >= len(self):
+            raise IndexError(min(indices) if min(indices) < 0 else max(indices))
+        start, first = self.schedule.start, self.first
+        if self.permutation is None:
+            return [first + start + i for i in indices]
+        return [first + p for p in self.permutation.take([start + i for i in indices])]
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         return finish(self.fetch([index]))[0]
 
@@ -232,7 +243,7 @@ class EpochView:
         """The raw records at ``indices`` of this slice (a random-access batch in one concurrent read), or their errors."""
         reader = self.source.reader
         if reader.random_access:
-            positions = [self.position(i) for i in indices]
+            positions = self.positions(indices)
             try:
                 items: list[RawItem | BaseException] = list(reader.items(positions))
             except (DatacatError, OSError) as exc:  # the shard cannot be opened: every record of it fails alike

@@ -18,6 +18,24 @@ def test_feistel_is_a_permutation_and_depends_on_key(n: int) -> None:
         assert perm != [Feistel(n, 2)[i] for i in range(n)] and perm != list(range(n))
 
 
+@pytest.mark.parametrize("n", [1, 3, 1023, 1024, 1025, 4097, 3_000_017])
+def test_feistel_take_gives_what_indexing_gives_block_by_block(n: int) -> None:
+    import pickle
+    import random
+
+    rng = random.Random(n)
+    perm = Feistel(n, 2**64 - 5)
+    batches = [range(s, min(s + 64, n)) for s in range(0, min(n, 3000), 64)]
+    batches += [[rng.randrange(n) for _ in range(50)], list(range(n - min(n, 70), n))[::-1]]
+    for indices in batches:
+        assert perm.take(indices) == [perm[i] for i in indices]
+    copy = pickle.loads(pickle.dumps(perm))  # a worker's copy, its last block included
+    assert copy.take(batches[0]) == [perm[i] for i in batches[0]]
+    for outside in ([n], [-1], [0, n + 5]):
+        with pytest.raises(IndexError):
+            perm.take(outside)
+
+
 def test_schedule_is_exactly_once_with_equal_batch_counts() -> None:
     for records, world, batch in itertools.product(range(1, 60), range(1, 6), (1, 3, 4, 8)):
         for drop in (False, True):

@@ -355,11 +355,11 @@ def test_a_child_forked_while_a_read_held_the_open_files_lock_still_reads(tmp_pa
 import os, sys, time
 from datacat.formats import storage
 path = {str(path)!r}
-assert storage._read_local(path, 0, 3) == b"abc"  # open in this process
+assert storage.read_ranges([(path, 0, 3)]) == [b"abc"]  # open in this process
 with storage._OPEN_FILES._lock:  # another thread is inside take() as the child is forked
     pid = os.fork()
     if pid == 0:  # the child: a read must not wait for a lock no thread of its own holds
-        os._exit(0 if storage._read_local(path, 1, 3) == b"bc" else 1)
+        os._exit(0 if storage.read_ranges([(path, 1, 3)]) == [b"bc"] else 1)
 deadline = time.monotonic() + 20
 while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
     time.sleep(0.05)

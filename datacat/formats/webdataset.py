@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import struct
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -298,7 +299,7 @@ def _plain_members(data: bytes) -> list[tuple[str, memoryview]] | None:
     view = memoryview(data)
     at, end = 0, len(data)
     while at + 512 <= end:
-        parsed = _plain_header(data[at : at + 512])
+        parsed = _plain_header(data, at)
         if parsed is None:
             return None
         path, size, folder = parsed
@@ -311,36 +312,43 @@ def _plain_members(data: bytes) -> list[tuple[str, memoryview]] | None:
     return members
 
 
-def _plain_header(header: bytes) -> tuple[str, int, bool] | None:
-    """(path, data size, whether a folder) of one plain ustar header; None if tarfile must read it.
+# name, size, checksum, type, magic: what a plain header is read for (mode, owner and times are skipped).
+_USTAR = struct.Struct("100s24x12s12x8s1s100x6s")
 
-    Raises ``ValueError`` for a size or checksum field that is not octal.
+
+def _plain_header(data: bytes, at: int = 0) -> tuple[str, int, bool] | None:
+    """(path, data size, whether a folder) of the plain ustar header at ``data[at:at + 512]``; None if tarfile must read it.
+
+    Read in place (no copy of the header: ~1.8 us a header here, against
+    2.8 sliced). Raises ``ValueError`` for a size or checksum field that is not octal.
     """
-    kind, size_field = header[156:157], header[124:136]
-    if kind not in (b"0", b"\0", b"5") or size_field[0] & 0x80 or header[257:262] != b"ustar":
+    name, size_field, stored, kind, magic = _USTAR.unpack_from(data, at)
+    if kind not in (b"0", b"\0", b"5") or size_field[0] & 0x80 or magic[:5] != b"ustar":
         return None  # pax, long names, links, base-256 sizes, old formats: tarfile knows them all
-    stored = int(header[148:156].strip(b" \0") or b"0", 8)
-    if stored != _checksum(header):
+    if int(stored.strip(b" \0") or b"0", 8) != _checksum(data, at):
         return None  # a bad checksum: let tarfile say what is wrong
-    name = header[:100].split(b"\0", 1)[0]
-    posix = header[257:263] == b"ustar\0"  # GNU's "ustar  " keeps other fields where POSIX has the prefix
-    prefix = header[345:500].split(b"\0", 1)[0] if posix else b""
+    name = name.split(b"\0", 1)[0]
+    if magic == b"ustar\0":  # POSIX keeps a path prefix where GNU's "ustar  " keeps other fields
+        prefix = data[at + 345 : at + 500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
     size = int(size_field.strip(b" \0") or b"0", 8)
-    path = (prefix + b"/" + name if prefix else name).decode("utf-8", "surrogateescape")
-    return path, size, kind == b"5"
+    return name.decode("utf-8", "surrogateescape"), size, kind == b"5"
 
 
-def _checksum(header: bytes) -> int:
-    """A ustar header's checksum: the sum of its bytes, the checksum field counted as 8 spaces.
+def _checksum(data: bytes, at: int = 0) -> int:
+    """The checksum of the ustar header at ``data[at:at + 512]``: the sum of its bytes, the checksum field counted as 8 spaces.
 
     Summed by zlib's adler32, whose low half is 1 + the sum of the bytes
     modulo 65521: exact for pieces of up to 256 bytes (at most 65280).
     0.8 us a header here, against 2.7 for ``sum()`` over its bytes (two
     headers a sample).
     """
-    view = memoryview(header)
-    pieces = (view[:148], view[156:356], view[356:512])
-    return sum((zlib.adler32(piece) & 0xFFFF) - 1 for piece in pieces) + 8 * 32
+    view, adler32 = memoryview(data), zlib.adler32
+    low = adler32(view[at : at + 148]) & 0xFFFF
+    middle = adler32(view[at + 156 : at + 356]) & 0xFFFF
+    high = adler32(view[at + 356 : at + 512]) & 0xFFFF
+    return low + middle + high - 3 + 8 * 32
 
 
 def sample_of_span(data: bytes, url: str, start: int) -> tuple[str, dict[str, bytes | memoryview]]:
