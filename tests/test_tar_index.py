@@ -370,3 +370,22 @@ sys.exit(os.waitstatus_to_exitcode(done[1]))
 """
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert finished.returncode == 0, finished.stderr[-2000:]
+
+
+def test_one_read_of_many_local_ranges_opens_each_file_once_and_keeps_the_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datacat.errors import ShardError
+    from datacat.formats import storage
+
+    a, b, gone = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "gone.bin"
+    a.write_bytes(b"abcdef")
+    b.write_bytes(b"uvwxyz")
+    looked_up: list[str] = []
+    real = storage._local_stat
+    monkeypatch.setattr(storage, "_local_stat", lambda url: looked_up.append(url) or real(url))
+    out = storage.read_ranges([(str(a), 0, 2), (str(b), 1, 3), (str(gone), 0, 1), (str(a), 4, None), (str(b), 5, 9)])
+    assert out[:2] == [b"ab", b"vw"] and out[3] == b"ef"
+    assert isinstance(out[2], FileNotFoundError) and str(gone) in str(out[2])
+    assert isinstance(out[4], ShardError) and "ends before byte 9" in str(out[4])
+    assert sorted(looked_up) == sorted([str(a), str(b), str(gone)])  # one stat a file, not one a range

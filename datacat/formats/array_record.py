@@ -268,8 +268,8 @@ class ArrayRecordReader:
         return out
 
     def _read_local(self, shard: int, position: int) -> bytes | Exception:
-        # A local record straight from its shard's reader: a disk read is not retried, and the data
-        # source's own lookup costs ~10 % of the C++ read.
+        # A local record straight from the shard's reader checked when it was opened: a disk read is
+        # not retried, and the data source's lookup of the reader would run again for every record.
         try:
             data: bytes = self._checked[shard].read([position])[0]
         except (RuntimeError, ValueError, OSError) as exc:  # the C++ reader's errors carry only a status text

@@ -439,8 +439,9 @@ class _OpenFiles:
     opening and closing the file for each cost ~5 us of a ~40 us read of a
     sample's span (torch over tars, one process). Each :func:`read_ranges`
     call still stats the path once, so a shard deleted since is not found,
-    and one replaced since (a new file renamed over it) is opened afresh. At most ``limit`` stay
-    open, the least recently read closed first (once no thread reads it).
+    and one replaced since (a new file renamed over it) is opened afresh.
+    At most ``limit`` stay open, the least recently read closed first (once
+    no thread reads it).
     A forked child closes its copies of the parent's and opens its own
     (:meth:`after_fork`: a thread of the parent may have held the lock).
     """
