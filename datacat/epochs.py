@@ -81,7 +81,10 @@ class Feistel:
     def __getitem__(self, index: int) -> int:
         if not 0 <= index < self.n:
             raise IndexError(index)
-        value = self._permute(index)
+        return self._walk(self._permute(index))
+
+    def _walk(self, value: int) -> int:
+        # Cycle walking: permuted again until inside range(n).
         while value >= self.n:
             value = self._permute(value)
         return value
@@ -115,10 +118,7 @@ class Feistel:
             outside = outside[values[outside] >= self.n]
         permuted: list[int] = values.tolist()
         for i in outside.tolist():  # the last few one at a time: a numpy pass costs as much as a few in Python
-            value = self._permute(permuted[i])
-            while value >= self.n:
-                value = self._permute(value)
-            permuted[i] = value
+            permuted[i] = self._walk(permuted[i])
         return permuted
 
     def _permute_all(self, values: np.ndarray) -> np.ndarray:

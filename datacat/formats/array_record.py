@@ -273,12 +273,16 @@ class ArrayRecordReader:
         try:
             data: bytes = self._checked[shard].read([position])[0]
         except (RuntimeError, ValueError, OSError) as exc:  # the C++ reader's errors carry only a status text
-            return RecordError(
-                f"record {position} of ArrayRecord shard {self.urls[shard]} cannot be read: {exc}",
-                url=self.urls[shard],
-                key=f"{os.path.basename(self.urls[shard])}:{position}",
-            )
+            return self._unreadable(shard, position, exc)
         return data
+
+    def _unreadable(self, shard: int, position: int, exc: Exception) -> RecordError:
+        url = self.urls[shard]
+        return RecordError(
+            f"record {position} of ArrayRecord shard {url} cannot be read: {exc}",
+            url=url,
+            key=f"{os.path.basename(url)}:{position}",
+        )
 
     def _read_one(self, index: int, shard: int, position: int) -> bytes | Exception:
         try:
@@ -286,11 +290,7 @@ class ArrayRecordReader:
         except (ShardError, FileNotFoundError) as exc:
             return exc
         except (RuntimeError, ValueError, OSError) as exc:  # the C++ reader's errors carry only a status text
-            return RecordError(
-                f"record {position} of ArrayRecord shard {self.urls[shard]} cannot be read: {exc}",
-                url=self.urls[shard],
-                key=f"{os.path.basename(self.urls[shard])}:{position}",
-            )
+            return self._unreadable(shard, position, exc)
 
     def _open_shard(self, shard: int) -> None:
         # The data source opens the shard's reader on its first read; open it here to say which shard

@@ -306,9 +306,12 @@ def read_ranges(
     object does not cost the others.
     """
     out: list[bytes | Exception] = [b""] * len(requests)
-    remote = [i for i, (url, _, _) in enumerate(requests) if is_remote(url)]
-    if len(remote) < len(requests):
-        _read_local_ranges(requests, out)
+    remote: list[int] = []
+    local: list[int] = []
+    for i, (url, _, _) in enumerate(requests):
+        (remote if is_remote(url) else local).append(i)
+    if local:
+        _read_local_ranges(requests, local, out)
     if not remote:
         return out
     fs, _ = filesystem(requests[remote[0]][0], storage_options)
@@ -380,16 +383,17 @@ def read_many(urls: Sequence[str], storage_options: Mapping[str, Any] | None = N
     return out
 
 
-def _read_local_ranges(requests: Sequence[tuple[str, int, int | None]], out: list[bytes | Exception]) -> None:
-    """Reads each local request of ``requests`` into its place in ``out``: each file taken once for all its ranges.
+def _read_local_ranges(
+    requests: Sequence[tuple[str, int, int | None]], local: Sequence[int], out: list[bytes | Exception]
+) -> None:
+    """Reads requests ``local`` into their places in ``out``: each file taken once for all its ranges.
 
     A batch of shuffled records touches a few shards many times each: one
     ``stat`` a file per call, not one a record.
     """
     ranges: dict[str, list[int]] = {}
-    for i, (url, _, _) in enumerate(requests):
-        if not is_remote(url):
-            ranges.setdefault(url.removeprefix("file://"), []).append(i)
+    for i in local:
+        ranges.setdefault(requests[i][0].removeprefix("file://"), []).append(i)
     for path, indices in ranges.items():
         try:
             file = _OPEN_FILES.take(path)
