@@ -16,6 +16,8 @@ from datacat.errors import (
     OptionError,
     ShardError,
 )
+from datacat.loading.contracts import Loader
+from datacat.loading.options import JaxOptions, LoadOptions, TorchOptions
 from datacat.resolve import Plan, resolve
 from datacat.schema import Entry
 
@@ -26,9 +28,13 @@ __all__ = [
     "DatacatError",
     "Entry",
     "EntryNotFound",
+    "JaxOptions",
+    "LoadOptions",
+    "Loader",
     "OptionError",
     "Plan",
     "ShardError",
+    "TorchOptions",
     "describe",
     "load_catalog",
     "open",

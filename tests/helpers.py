@@ -5,12 +5,15 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
+
+WriteCatalog = Callable[..., Path]
+"""The ``write_catalog`` fixture: writes a YAML text to tmp_path (``user.yaml`` unless named) and returns its path."""
 
 
 def jpeg(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
@@ -58,8 +61,32 @@ def make_array_record(path: Path, records: Iterable[bytes]) -> Path:
 
 def read_all(source: Any) -> list[dict[str, Any]]:
     """Every selected sample of a SampleSource in canonical order (one rank, no shuffle), its policy applied."""
-    from datacat.epochs import Schedule
+    from datacat.loading.epochs import Schedule
 
     n = len(source)
     view = source.view(Schedule(n, 0, n, (n,)), seed=0, epoch=0, shuffle=False)
     return [s for output in view.finish(view.fetch(range(n))) if (s := source.ledger.admit(output)) is not None]
+
+
+def sample_at(source: Any, index: int, *, epoch: int = 0) -> dict[str, Any] | None:
+    """The sample of a random-access SampleSource at selected position ``index``, or None when ``skip`` dropped it."""
+    from datacat.errors import DatacatError, OptionError
+
+    position = source.selection()[index]
+    reader = source.reader
+    if not reader.random_access:
+        raise OptionError(f"{source.plan.name} is read shard by shard: read its samples through an EpochView")
+    try:
+        (item,) = reader.items([position])
+    except (DatacatError, OSError) as exc:
+        item = exc
+    result: dict[str, Any] | None = source.ledger.admit(source.outcome(item, position, epoch=epoch))
+    return result
+
+
+def draw_sequence(sizes: Sequence[int], weights: Sequence[float], exhaustion: str, key: int) -> np.ndarray:
+    """The component drawn at each position of one mixture epoch (uint8), whole."""
+    from datacat.loading.mixture import Draws
+
+    draws = Draws(sizes, weights, exhaustion, key)
+    return np.concatenate([draws.block(b) for b in range(len(draws.counts))])

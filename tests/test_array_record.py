@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import jpeg, make_array_record
+from helpers import jpeg, make_array_record, sample_at
 
 import datacat
 from datacat.errors import RecordError, ShardError
@@ -97,9 +97,9 @@ def test_records_across_shards_and_garbled_record(tmp_path: Path) -> None:
     plan = datacat.resolve("t", catalog=_entry(tmp_path), image_size=16, augmentation="none")
     source = SampleSource(plan)
     assert len(source) == 9
-    assert source.sample(6)["key"] == "k006" and source.sample(6)["caption"] == "caption 6"
+    assert sample_at(source, 6)["key"] == "k006" and sample_at(source, 6)["caption"] == "caption 6"
     with pytest.raises(RecordError, match=r"shard .*0\.ar, key 0\.ar:3: truncated packed record"):
-        source.sample(3)
+        sample_at(source, 3)
 
 
 def test_declared_counts_skip_opening_and_are_checked(tmp_path: Path) -> None:

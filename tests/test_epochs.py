@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from datacat.epochs import Feistel, plan_schedule, round_robin_consumed, shard_order
+from datacat.loading.epochs import plan_schedule, round_robin_consumed
+from datacat.loading.shuffle import Feistel, shard_order
 from datacat.errors import OptionError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import read_all
+from helpers import read_all, sample_at
 
 import datacat
 from datacat.catalog import builtin_catalog_dir
@@ -53,7 +53,7 @@ def test_tars_and_array_records_read_from_gs(bucket: str, tmp_path: Path, monkey
     assert [s.name for s in ar.shards] == ["00000.array_record", "00001.array_record", "00003.array_record"]
     source = SampleSource(ar)
     assert len(source) == 55
-    assert [source.sample(i)["key"] for i in (0, 19, 54)] == [local[0], local[19], local[54]]
+    assert [sample_at(source, i)["key"] for i in (0, 19, 54)] == [local[0], local[19], local[54]]
 
 
 def test_missing_object_on_gs_is_file_not_found(bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

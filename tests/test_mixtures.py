@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import draw_sequence
 from test_backends import run_ranks
 
 import datacat
-from datacat.mixing import draw_sequence
 
 CATALOG = Path(__file__).parent / "catalogs" / "valid" / "mixtures.yaml"
 
@@ -18,7 +18,7 @@ CATALOG = Path(__file__).parent / "catalogs" / "valid" / "mixtures.yaml"
 def test_a_rank_of_a_30m_record_mixture_starts_without_the_whole_epoch() -> None:
     import tracemalloc
 
-    from datacat.mixing import Draws
+    from datacat.loading.mixture import Draws
 
     sizes, weights = (12_000_000, 9_000_000, 6_000_000, 3_000_000), (1.0, 1.0, 1.0, 1.0)
     tracemalloc.start()
@@ -123,8 +123,8 @@ def test_jax_mixture_is_exactly_once_across_ranks(monkeypatch: object) -> None:
 
 
 def test_restart_rounds_never_repeat_another_epochs_permutation() -> None:
-    from datacat.epochs import Schedule
-    from datacat.mixing import MixtureSource
+    from datacat.loading.epochs import Schedule
+    from datacat.loading.mixture import MixtureSource
 
     catalog = datacat.load_catalog([CATALOG])
     source = MixtureSource(datacat.resolve("mix", catalog=catalog, batch_size=8))

@@ -8,76 +8,87 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import jpeg, read_all
+from helpers import WriteCatalog, jpeg, read_all, sample_at
 
 import datacat
 from datacat.catalog import builtin_catalog_dir
-from datacat.pipeline import SampleSource
+from datacat.loading.options import LoadOptions
+from datacat.loading.sources import SampleSource
 
 
-def _catalog(tmp_path: Path, body: str) -> datacat.Catalog:
-    (tmp_path / "c.yaml").write_text(body)
-    return datacat.load_catalog([tmp_path / "c.yaml"])
-
-
-def test_image_folder_with_captions_beside(tmp_path: Path) -> None:
+def test_image_folder_with_captions_beside(tmp_path: Path, write_catalog: WriteCatalog) -> None:
     (tmp_path / "imgs" / "sub").mkdir(parents=True)
     (tmp_path / "imgs" / "b.jpg").write_bytes(jpeg(1))
     (tmp_path / "imgs" / "b.txt").write_text("bee")
     (tmp_path / "imgs" / "sub" / "a.JPG").write_bytes(jpeg(2))
     (tmp_path / "imgs" / "sub" / "a.txt").write_text("ay")
     (tmp_path / "imgs" / "notes.md").write_text("ignored")
-    catalog = _catalog(
-        tmp_path,
-        "f: {description: d, format: image_folder, location: {root: ., shards: [imgs]}, record: {layout: files}}\n",
+    catalog = datacat.load_catalog(
+        [
+            write_catalog(
+                "f: {description: d, format: image_folder, location: {root: ., shards: [imgs]}, record: {layout: files}}\n",
+            )
+        ]
     )
     source = SampleSource(datacat.resolve("f", catalog=catalog, image_size=16))
-    samples = [source.sample(i) for i in range(len(source))]
+    samples = [sample_at(source, i) for i in range(len(source))]
     assert [(s["key"], s["caption"]) for s in samples] == [("b", "bee"), ("sub/a", "ay")]
 
 
-def test_image_list_tsv_without_header_and_csv_with(tmp_path: Path) -> None:
+def test_image_list_tsv_without_header_and_csv_with(tmp_path: Path, write_catalog: WriteCatalog) -> None:
     for i in range(3):
         (tmp_path / f"{i}.jpg").write_bytes(jpeg(i))
     (tmp_path / "list.tsv").write_text(f"{tmp_path / '0.jpg'}\tzero\n1.jpg\tone\n")
     (tmp_path / "list.csv").write_text("path,text\n2.jpg,two\nmissing.jpg,gone\n")
-    catalog = _catalog(
-        tmp_path,
-        "tsv: {description: d, format: image_list, location: {root: ., shards: [list.tsv]}, record: {layout: table, image: '0', caption: '1'}}\n"
-        "csv: {description: d, format: image_list, location: {root: ., shards: [list.csv]}, record: {layout: table, image: path, caption: text}, "
-        "loading: {on_bad_sample: skip, bad_sample_budget: 0.5}}\n",
+    catalog = datacat.load_catalog(
+        [
+            write_catalog(
+                "tsv: {description: d, format: image_list, location: {root: ., shards: [list.tsv]}, record: {layout: table, image: '0', caption: '1'}}\n"
+                "csv: {description: d, format: image_list, location: {root: ., shards: [list.csv]}, record: {layout: table, image: path, caption: text}, "
+                "loading: {on_bad_sample: skip, bad_sample_budget: 0.5}}\n",
+            )
+        ]
     )
     tsv = SampleSource(datacat.resolve("tsv", catalog=catalog, image_size=16))
-    assert [tsv.sample(i)["caption"] for i in range(len(tsv))] == ["zero", "one"]
+    assert [sample_at(tsv, i)["caption"] for i in range(len(tsv))] == ["zero", "one"]
     csv = SampleSource(datacat.resolve("csv", catalog=catalog, image_size=16))
-    assert csv.sample(0)["caption"] == "two" and csv.sample(1) is None
+    assert sample_at(csv, 0)["caption"] == "two" and sample_at(csv, 1) is None
     assert "missing.jpg" in csv.ledger.skipped[0].reason
 
 
-def test_image_list_parquet(tmp_path: Path) -> None:
+def test_image_list_parquet(tmp_path: Path, write_catalog: WriteCatalog) -> None:
     pa = pytest.importorskip("pyarrow", reason="parquet image lists need pyarrow")
     import pyarrow.parquet as pq
 
     (tmp_path / "x.jpg").write_bytes(jpeg(5))
     pq.write_table(pa.table({"url": ["x.jpg"], "txt": ["from parquet"]}), tmp_path / "l.parquet")
-    catalog = _catalog(
-        tmp_path,
-        "p: {description: d, format: image_list, location: {root: ., shards: [l.parquet]}, record: {layout: table, image: url, caption: txt}}\n",
+    catalog = datacat.load_catalog(
+        [
+            write_catalog(
+                "p: {description: d, format: image_list, location: {root: ., shards: [l.parquet]}, record: {layout: table, image: url, caption: txt}}\n",
+            )
+        ]
     )
-    assert SampleSource(datacat.resolve("p", catalog=catalog, image_size=16)).sample(0)["caption"] == "from parquet"
+    assert sample_at(SampleSource(datacat.resolve("p", catalog=catalog, image_size=16)), 0)["caption"] == "from parquet"
 
 
-def test_labels_become_captions_and_tokenize_hook(tmp_path: Path) -> None:
+def test_labels_become_captions_and_tokenize_hook(tmp_path: Path, write_catalog: WriteCatalog) -> None:
     from helpers import make_tar
 
     make_tar(tmp_path / "0.tar", [("a.jpg", jpeg(0)), ("a.cls", b"1"), ("b.jpg", jpeg(1)), ("b.cls", b"0")])
     (tmp_path / "names.txt").write_text("rose\ntulip\n")
-    catalog = _catalog(
-        tmp_path,
-        f"l:\n  description: d\n  format: webdataset\n  location: {{root: ., shards: 0.tar}}\n  record: {{caption: null, label: cls}}\n"
-        f"  loading: {{captions: {{class_names: {tmp_path / 'names.txt'}, templates: ['a photo of a {{}}']}}}}\n",
+    catalog = datacat.load_catalog(
+        [
+            write_catalog(
+                f"l:\n  description: d\n  format: webdataset\n  location: {{root: ., shards: 0.tar}}\n  record: {{caption: null, label: cls}}\n"
+                f"  loading: {{captions: {{class_names: {tmp_path / 'names.txt'}, templates: ['a photo of a {{}}']}}}}\n",
+            )
+        ]
     )
-    source = SampleSource(datacat.resolve("l", catalog=catalog, image_size=16), tokenize=lambda text: text.split())
+    source = SampleSource(
+        datacat.resolve("l", catalog=catalog, image_size=16),
+        LoadOptions(batch_size=1, tokenize=lambda text: text.split()),
+    )
     samples = read_all(source)
     assert [s["caption"] for s in samples] == ["a photo of a tulip", "a photo of a rose"]
     assert samples[0]["label"] == 1 and samples[0]["tokens"] == ["a", "photo", "of", "a", "tulip"]
@@ -130,7 +141,7 @@ def test_sample_dataset_is_small_real_and_attributed() -> None:
 def _pixels(args: tuple[str, list[int]]) -> list[bytes]:
     name, indices = args
     source = SampleSource(datacat.resolve(name, image_size=32, seed=11))
-    return [source.sample(i)["image"].tobytes() for i in indices]
+    return [sample_at(source, i)["image"].tobytes() for i in indices]
 
 
 @pytest.mark.slow
@@ -147,21 +158,23 @@ def test_same_record_same_pixels_in_0_1_and_2_worker_processes() -> None:
         }
         assert [got[i] for i in indices] == here, f"{workers} worker(s) gave other pixels"
     plain = SampleSource(datacat.resolve("sample-arrayrecord", image_size=32, seed=11, augmentation="none"))
-    assert sum(plain.sample(i)["image"].tobytes() != px for i, px in zip(indices, here, strict=True)) == len(indices)
+    assert sum(sample_at(plain, i)["image"].tobytes() != px for i, px in zip(indices, here, strict=True)) == len(
+        indices
+    )
 
 
-def test_embeddings_must_pair_with_their_tar_shards(tmp_path: Path) -> None:
+def test_embeddings_must_pair_with_their_tar_shards(tmp_path: Path, write_catalog: WriteCatalog) -> None:
     import shutil
 
     sample = builtin_catalog_dir() / "sample"
     shutil.copytree(sample / "webdataset", tmp_path / "webdataset")
     shutil.copytree(sample / "embeddings", tmp_path / "embeddings")
-    (tmp_path / "c.yaml").write_text(
+    path = write_catalog(
         "tars: {description: d, format: webdataset, location: {root: webdataset, shards: '{0000..0003}.tar', missing: [2, 3]}}\n"
         "embs: {description: d, format: embeddings, location: {root: embeddings, shards: 'img_emb_{0000..0003}.npy', missing: [2]},"
         " embeddings: {images: tars, dim: 64, index_width: 4}}\n"
     )
-    catalog = datacat.load_catalog([tmp_path / "c.yaml"], builtin=False)
+    catalog = datacat.load_catalog([path], builtin=False)
     with pytest.raises(
         datacat.ShardError, match=r"embedding files are for shards \[0, 1, 3\], but tars has tar shards \[0, 1\]"
     ):

@@ -76,21 +76,29 @@ def test_captions() -> None:
 
 
 def test_read_ahead_threads_are_for_remote_shards_only() -> None:
-    from types import SimpleNamespace
+    from pathlib import Path
 
     import datacat
-    from datacat.pipeline import SampleSource, _reads_remote
+    from datacat.loading.sources import SampleSource, reads_remote
 
-    def view(*urls: str) -> SimpleNamespace:
-        plans = [SimpleNamespace(plan=SimpleNamespace(shards=(SimpleNamespace(url=u),))) for u in urls]
-        source = plans[0] if len(plans) == 1 else SimpleNamespace(components=plans)
-        return SimpleNamespace(source=source)
+    def moved(plan: datacat.Plan, root: str) -> datacat.Plan:
+        return plan.model_copy(
+            update={"shards": tuple(s.model_copy(update={"url": root + s.name}) for s in plan.shards)}
+        )
 
-    assert not _reads_remote(view("/data/0000.tar"))
-    assert _reads_remote(view("gs://bucket/0000.tar"))
-    assert _reads_remote(view("/data/a.tar", "gs://bucket/b.array_record"))  # a mixture with a remote component
+    local = datacat.resolve("sample")
+    assert not reads_remote(moved(local, "/data/"))
+    assert reads_remote(moved(local, "gs://bucket/"))
+    mixture = datacat.resolve(
+        "mix", catalog=datacat.load_catalog([Path(__file__).parent / "catalogs/valid/mixtures.yaml"])
+    )
+    remote_part = mixture.components[1].model_copy(update={"plan": moved(mixture.components[1].plan, "gs://bucket/")})
+    assert not reads_remote(mixture)
+    assert reads_remote(
+        mixture.model_copy(update={"components": (mixture.components[0], remote_part)})
+    )  # one remote component
     source = SampleSource(datacat.resolve("sample-arrayrecord"))
-    assert not _reads_remote(SimpleNamespace(source=source))
+    assert not source.remote
 
 
 def test_read_ahead_runs_on_one_thread_kept_across_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,8 +106,10 @@ def test_read_ahead_runs_on_one_thread_kept_across_epochs(monkeypatch: pytest.Mo
     import threading
 
     import datacat
-    from datacat.backends.base import EpochRun, Epochs
-    from datacat.pipeline import BatchView, SampleSource
+    from datacat.loading.batches import BatchView
+    from datacat.loading.options import LoadOptions
+    from datacat.loading.runs import EpochRun, Epochs
+    from datacat.loading.sources import SampleSource
 
     threads: list[str] = []
     fetch = BatchView._fetch
@@ -110,7 +120,7 @@ def test_read_ahead_runs_on_one_thread_kept_across_epochs(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(BatchView, "_fetch", recorded)
     source = SampleSource(datacat.resolve("sample", image_size=16))
-    epochs = Epochs(source, name="s", seed=0, shuffle=True, rank=0, world_size=1, batch_size=8, drop_remainder=False)
+    epochs = Epochs(source, LoadOptions(batch_size=8, rank=0, world_size=1), name="s", seed=0)
     run = EpochRun(epochs, 0, 0, 3)  # epochs 0, 1 and 2, read as a torch worker reads them
     run.stride(0, 1)
     keys = [key for i in range(len(run)) for key in run[i]["batch"]["key"]]

@@ -12,11 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from datacat.catalog import Catalog
 from datacat.errors import BackendUnavailable, OptionError
+from datacat.loading.contracts import Loader
+from datacat.loading.options import ImageLayout, JaxOptions, LoadOptions, TorchOptions
 from datacat.registry import BACKENDS, load_implementation
 from datacat.resolve import Plan, override_loading, resolve
 from datacat.schema import Augmentation, BadSamplePolicy, ResizeMode
 
 if TYPE_CHECKING:  # the transforms need numpy, which the core install does not have
+    import jax
+
     from datacat.transforms.captions import Tokenize
 
 __all__ = ["choose_framework", "open_loader"]
@@ -69,8 +73,15 @@ def open_loader(
     resize: ResizeMode | None = None,
     val_batches: int | None = None,
     count: int | None = None,
-    **backend_options: Any,
-) -> Any:
+    image_layout: ImageLayout | None = None,
+    prefetch_factor: int | None = None,
+    multiprocessing_context: str | None = None,
+    worker_timeout: float | None = None,
+    reuse_batch_memory: bool | None = None,
+    device_put: bool | None = None,
+    sharding: jax.sharding.Sharding | None = None,
+    read_threads: int | None = None,
+) -> Loader:
     """A loader of batches of a catalog entry (or a Plan) in torch or jax; iterate it for batches.
 
     Args:
@@ -87,7 +98,9 @@ def open_loader(
         on_bad_sample, bad_sample_budget: Override the entry's bad-sample policy.
         tokenize: Called on each caption in the workers; its result is the batch's ``tokens``.
         image_size, augmentation, resize, val_batches, count: Override the entry's ``loading``.
-        backend_options: ``image_layout="chw_float"`` (torch), ``device_put=True``, ``sharding=`` (jax).
+        image_layout, prefetch_factor, multiprocessing_context, worker_timeout, reuse_batch_memory: torch's own
+            (see :class:`~datacat.loading.options.TorchOptions`), e.g. ``image_layout="chw_float"``.
+        device_put, sharding, read_threads: jax's own (see :class:`~datacat.loading.options.JaxOptions`).
 
     Example:
         >>> loader = datacat.open("sample", framework="torch", batch_size=16, num_workers=2)
@@ -99,6 +112,27 @@ def open_loader(
         framework = choose_framework()
     if framework not in BACKENDS:
         raise OptionError(f"unknown framework {framework!r}; use one of {', '.join([*BACKENDS, 'auto'])}")
+    options = LoadOptions(
+        batch_size=batch_size,
+        epochs=epochs,
+        shuffle=shuffle,
+        num_workers=num_workers,
+        drop_remainder=drop_remainder,
+        rank=rank,
+        world_size=world_size,
+        on_bad_sample=on_bad_sample,
+        bad_sample_budget=bad_sample_budget,
+        tokenize=tokenize,
+    )
+    torch_given: dict[str, Any] = {
+        "image_layout": image_layout,
+        "prefetch_factor": prefetch_factor,
+        "multiprocessing_context": multiprocessing_context,
+        "worker_timeout": worker_timeout,
+        "reuse_batch_memory": reuse_batch_memory,
+    }
+    jax_given: dict[str, Any] = {"device_put": device_put, "sharding": sharding, "read_threads": read_threads}
+    backend_options = _backend_options(framework, torch_given, jax_given)
     given: dict[str, Any] = {
         "image_size": image_size,
         "augmentation": augmentation,
@@ -130,17 +164,19 @@ def open_loader(
             **loading,
         )
     opener = load_implementation(BACKENDS[framework])
-    return opener(
-        plan,
-        batch_size=batch_size,
-        epochs=epochs,
-        shuffle=shuffle,
-        num_workers=num_workers,
-        drop_remainder=drop_remainder,
-        rank=rank,
-        world_size=world_size,
-        on_bad_sample=on_bad_sample,
-        bad_sample_budget=bad_sample_budget,
-        tokenize=tokenize,
-        **backend_options,
-    )
+    loader: Loader = opener(plan, options, backend_options)
+    return loader
+
+
+def _backend_options(
+    framework: str, torch_given: dict[str, Any], jax_given: dict[str, Any]
+) -> TorchOptions | JaxOptions:
+    """The options of ``framework``'s backend from those given; another framework's option is an ``OptionError``."""
+    mine, theirs = (torch_given, jax_given) if framework == "torch" else (jax_given, torch_given)
+    foreign = sorted(k for k, v in theirs.items() if v is not None)
+    if foreign:
+        raise OptionError(
+            f"{', '.join(foreign)}: not an option of the {framework} backend; drop it or pick its framework"
+        )
+    given = {k: v for k, v in mine.items() if v is not None}
+    return TorchOptions(**given) if framework == "torch" else JaxOptions(**given)

@@ -1,4 +1,4 @@
-"""What both backends share: the epoch loop, batching by schedule, the ledger, and resumable state.
+"""The epoch loop both backends share: batches in schedule order, their markers through the ledger, resumable.
 
 A backend supplies only ``_batches(epoch, first)``: the outputs of that
 epoch's ``BatchView`` from batch ``first`` on, in batch order, computed in
@@ -11,166 +11,35 @@ framework's batch.
 from __future__ import annotations
 
 import atexit
-import bisect
-import ctypes
 import gc
 import logging
 import os
-import sys
 import weakref
-from collections.abc import Generator, Iterator
-from typing import Any
+from collections.abc import Generator
+from typing import Any, Self
 
-from datacat.epochs import Schedule, plan_schedule
-from datacat.errors import DatacatError, OptionError, PlanMismatch
+from datacat.errors import DatacatError, PlanMismatch
 from datacat.formats.storage import retry_count
-from datacat.mixing import open_source
-from datacat.pipeline import Allocate, BatchView
+from datacat.loading.contracts import Batch
+from datacat.loading.epochs import Schedule
+from datacat.loading.mixture import open_source
+from datacat.loading.options import LoadOptions
+from datacat.loading.runs import Epochs
+from datacat.loading.sources import SampleSource
+from datacat.loading.state import STATE_VERSION, differences
 from datacat.resolve import Plan
-from datacat.schema import BadSamplePolicy
-from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger
 
-__all__ = ["EpochRun", "Epochs", "Loader", "keep_freed_memory"]
+__all__ = ["BaseLoader"]
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
 HOLDOUT_SHARE = 0.1
 """A holdout over this share of the records is warned of: a default meant for millions met a small set."""
-_ENDLESS = 1 << 48  # the length of an endless EpochRun (grain needs a length)
+Outputs = Generator[dict[str, Any], None, None]
+"""A backend's BatchView outputs of one epoch, in batch order."""
 
 
-class Epochs:
-    """One rank's epochs of one source, cut into batches: picklable, so a worker builds any epoch's view.
-
-    ``batches(epoch)`` is the same ``BatchView`` in every process, since
-    everything it depends on (source, seed, rank, batch size) is here.
-    """
-
-    def __init__(
-        self,
-        source: Any,
-        *,
-        name: str,
-        seed: int,
-        shuffle: bool,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        drop_remainder: bool,
-    ) -> None:
-        self.source = source  # a SampleSource or MixtureSource
-        self.name, self.seed, self.shuffle = name, seed, shuffle
-        self.rank, self.world_size = rank, world_size
-        self.batch_size, self.drop_remainder = batch_size, drop_remainder
-        self.origin = os.getpid()  # the loader's process: workers report their retries to it
-        self.allocate: Allocate | None = None  # where batches are collated; a backend may give shared memory
-
-    def __repr__(self) -> str:
-        return f"Epochs({self.name!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
-
-    def schedule(self, epoch: int) -> Schedule:
-        """Which records of epoch ``epoch`` this rank reads, in which batches."""
-        return plan_schedule(
-            self.source.epoch_length(self.seed, epoch),
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            drop_remainder=self.drop_remainder,
-            name=self.name,
-        )
-
-    def batches(self, epoch: int) -> BatchView:
-        """This rank's batches of epoch ``epoch``, by batch index."""
-        view = self.source.view(self.schedule(epoch), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
-        return BatchView(view, origin=self.origin, allocate=self.allocate)
-
-
-class EpochRun:
-    """Every batch of epochs ``epoch, epoch + 1, ...`` until ``last`` (None: endless) from batch ``first`` of the first, as one sequence.
-
-    Element ``i`` is built by its epoch's BatchView, made in the process that
-    reads it when first needed (workers read their indices in order, so only
-    the current epoch's view is kept). A pool of workers reading one run
-    crosses from one epoch into the next without waiting for the last
-    batch of the first to be taken. ``stride(worker, workers)`` says this
-    process reads elements ``worker, worker + workers, ...``, so each view
-    reads ahead exactly those.
-    """
-
-    def __init__(self, epochs: Epochs, epoch: int, first: int, last: int | None) -> None:
-        self.epochs, self.epoch, self.first, self.last = epochs, epoch, first, last
-        self._starts = [0]  # element index where each epoch from self.epoch begins
-        self._view: tuple[int, BatchView] | None = None
-        self._stride: tuple[int, int] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_view": None}
-
-    def __repr__(self) -> str:
-        return f"EpochRun({self.epochs!r}, from epoch {self.epoch} batch {self.first}, until {self.last})"
-
-    def __len__(self) -> int:
-        if self.last is None:
-            return _ENDLESS
-        while len(self._starts) <= self.last - self.epoch:
-            self._grow()
-        return self._starts[self.last - self.epoch]
-
-    def stride(self, worker: int, workers: int) -> None:
-        """This process reads every ``workers``-th element from ``worker`` on."""
-        self._stride = (worker, workers)
-
-    def _grow(self) -> None:
-        epoch = self.epoch + len(self._starts) - 1
-        skipped = self.first if epoch == self.epoch else 0
-        self._starts.append(self._starts[-1] + self.epochs.schedule(epoch).batches - skipped)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        while self._starts[-1] <= index:
-            self._grow()
-        offset = bisect.bisect_right(self._starts, index) - 1
-        skipped = self.first if offset == 0 else 0
-        if self._view is None or self._view[0] != self.epoch + offset:
-            self.close()
-            self._view = (self.epoch + offset, self.epochs.batches(self.epoch + offset))
-            if self._stride is not None:
-                worker, workers = self._stride
-                mine = self._starts[offset] + (worker - self._starts[offset]) % workers  # this process's first here
-                self._view[1].plan_reads(range(mine - self._starts[offset] + skipped, len(self._view[1]), workers))
-        return self._view[1][index - self._starts[offset] + skipped]
-
-    def close(self) -> None:
-        """Stops the current view's read-ahead."""
-        if self._view is not None:
-            self._view[1].close()
-            self._view = None
-
-
-def keep_freed_memory() -> None:
-    """In a worker process: glibc's malloc keeps memory freed for the next sample instead of unmapping it.
-
-    A sample's bytes, the copies array_record makes of a record (0.1-0.3 MB
-    each) and a decoded image (0.1-3 MB) lie over glibc's adaptive mmap
-    threshold, or at the top of the read-ahead thread's arena, which it
-    trims: by default each is mapped afresh and faulted in page by page.
-    Fixed thresholds (a worker's working set is a few batches) cut a torch
-    worker's sys time from 0.12 to 0.05 ms an image, and grain workers'
-    over ArrayRecord from 0.09 to 0.03 ms (16 page faults an image to 0.5;
-    2 pairs over the referee's corpus, 2026-12-02). Other C libraries keep
-    their own malloc's choices.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # glibc's; musl's does nothing
-    except (OSError, AttributeError):
-        return
-    mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD: free memory kept at the top of a heap before returning it
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum): blocks under it come from the heaps
-
-
-_OPEN: weakref.WeakSet[Loader] = weakref.WeakSet()  # loaders of this process, closed at its exit
+_OPEN: weakref.WeakSet[BaseLoader] = weakref.WeakSet()  # loaders of this process, closed at its exit
 
 
 def _close_open_loaders() -> None:
@@ -188,8 +57,8 @@ def _close_open_loaders() -> None:
     gc.collect()  # grain's iterators sit in reference cycles: their finalisers free the in-flight segments
 
 
-class Loader:
-    """Batches of one Plan for one rank, epoch after epoch, resumable from ``state_dict()``.
+class BaseLoader:
+    """Batches of one Plan for one rank, epoch after epoch, resumable from ``state_dict()``: a :class:`~datacat.loading.contracts.Loader`.
 
     Every record of the split is delivered once per epoch across ranks and
     workers; every rank gets the same number of batches (see
@@ -199,64 +68,36 @@ class Loader:
 
     framework = ""
 
-    def __init__(
-        self,
-        plan: Plan,
-        *,
-        batch_size: int,
-        epochs: int | None = 1,
-        shuffle: bool = True,
-        num_workers: int = 0,
-        drop_remainder: bool = False,
-        rank: int = 0,
-        world_size: int = 1,
-        on_bad_sample: BadSamplePolicy | None = None,
-        bad_sample_budget: float | None = None,
-        tokenize: Tokenize | None = None,
-    ) -> None:
-        if num_workers < 0:
-            raise OptionError(f"num_workers must be 0 or more, not {num_workers}")
-        if epochs is not None and epochs < 1:
-            raise OptionError(f"epochs must be at least 1 (or None for endless), not {epochs}")
+    def __init__(self, plan: Plan, options: LoadOptions) -> None:
         self.plan = plan
-        self.batch_size = batch_size
-        self.epochs = epochs
-        self.shuffle = shuffle
-        self.num_workers = num_workers
-        self.rank, self.world_size = rank, world_size
+        self.options = options
+        self.batch_size = options.batch_size
+        self.epochs = options.epochs
+        self.shuffle = options.shuffle
+        self.num_workers = options.num_workers
+        self.rank, self.world_size = options.place
         self._retries_before = retry_count()
-        self.source = open_source(
-            plan, tokenize=tokenize, on_bad_sample=on_bad_sample, bad_sample_budget=bad_sample_budget
-        )
-        self.drop_remainder = drop_remainder
-        self.epochs_of = Epochs(
-            self.source,
-            name=plan.name,
-            seed=plan.seed,
-            shuffle=shuffle,
-            rank=rank,
-            world_size=world_size,
-            batch_size=batch_size,
-            drop_remainder=drop_remainder,
-        )
+        self.source = open_source(plan, options)
+        self.drop_remainder = options.drop_remainder
+        self.epochs_of = Epochs(self.source, options, name=plan.name, seed=plan.seed)
         self.schedule: Schedule = self._schedule(0)
         self._warn_of_a_large_holdout()
         self.epoch = 0
         self.batch = 0  # batches delivered in the current epoch
         self._restored: dict[str, Any] | None = None
         self._worker_retries = 0
-        self._iterators: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+        self._iterators: weakref.WeakSet[Generator[Batch, None, None]] = weakref.WeakSet()
         if os.getpid() == self.epochs_of.origin:
             _OPEN.add(self)
 
     def _warn_of_a_large_holdout(self) -> None:
-        held, plan = self.plan.holdout_records, self.plan
-        if not held or plan.from_holdout or not hasattr(self.source, "total"):
+        held, plan, source = self.plan.holdout_records, self.plan, self.source
+        if not held or plan.from_holdout or not isinstance(source, SampleSource):  # a mixture holds out nothing
             return
         if plan.samples_exact and plan.samples is not None:
             total = plan.samples
-        elif self.source.random_access:
-            total = self.source.total()
+        elif source.random_access:
+            total = source.total()
         else:
             return  # a stream without counts is not counted here just to warn
 
@@ -297,7 +138,7 @@ class Loader:
     def _schedule(self, epoch: int) -> Schedule:
         return self.epochs_of.schedule(epoch)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Generator[Batch, None, None]:
         iterator = self._iterate()
         self._iterators.add(iterator)
         atexit.unregister(_close_open_loaders)
@@ -308,7 +149,7 @@ class Loader:
         for iterator in list(self._iterators):
             iterator.close()
 
-    def _iterate(self) -> Generator[Any, None, None]:
+    def _iterate(self) -> Generator[Batch, None, None]:
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
             # Starting worker processes takes a second or more (grain's spawned workers import jax
@@ -333,9 +174,7 @@ class Loader:
                     self.batch += 1
                     yield self._finish(output["batch"])
             finally:
-                close = getattr(outputs, "close", None)
-                if close is not None:
-                    close()
+                outputs.close()
             self.epoch += 1
             self.batch = 0
             self._restored = None
@@ -348,13 +187,13 @@ class Loader:
     def close(self) -> None:
         """Stops this loader's worker processes (they live across epochs); iterating again starts new ones."""
 
-    def __enter__(self) -> Loader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _batches(self, epoch: int, first: int) -> Outputs:
         raise NotImplementedError
 
     def _cold(self, epoch: int, first: int) -> bool:
@@ -378,7 +217,7 @@ class Loader:
         finally:
             batches.close()  # its read-ahead thread
 
-    def _finish(self, batch: dict[str, Any]) -> Any:
+    def _finish(self, batch: dict[str, Any]) -> Batch:
         return batch
 
     def _backend_state(self) -> dict[str, Any]:
@@ -410,32 +249,15 @@ class Loader:
         A state saved for another Plan (other shards, weights, seed, options)
         or another world layout is refused, unless ``allow_other_plan=True``.
         """
-        if state.get("version") != STATE_VERSION:
+        schedule = self._schedule(int(state["epoch"])) if state.get("version") == STATE_VERSION else self.schedule
+        found = differences(state, self.state_dict(), records=schedule.records, stream=not self.source.random_access)
+        if found and not allow_other_plan:
             raise PlanMismatch(
-                f"loader state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by another datacat"
-            )
-        mine = self.state_dict()
-        differences = [
-            f"{key}: saved {state.get(key)!r}, this loader {mine[key]!r}"
-            for key in ("fingerprint", "rank", "world_size", "batch_size", "drop_remainder", "shuffle")
-            if state.get(key) != mine[key]
-        ]
-        schedule = self._schedule(int(state["epoch"]))
-        if state.get("records", schedule.records) != schedule.records:
-            differences.append(
-                f"records in epoch {state['epoch']}: saved {state['records']}, this loader {schedule.records}"
-            )
-        if not self.source.random_access and state.get("num_workers") != self.num_workers:
-            differences.append(
-                f"num_workers: saved {state.get('num_workers')}, this loader {self.num_workers} (a stream format's order depends on it)"
-            )
-        if differences and not allow_other_plan:
-            raise PlanMismatch(
-                f"this state was saved for a different loader of {state.get('plan')!r}: {'; '.join(differences)}. "
+                f"this state was saved for a different loader of {state.get('plan')!r}: {'; '.join(found)}. "
                 "Pass allow_other_plan=True to load it anyway."
             )
-        if differences:
-            log.warning("loading a state saved for a different loader: %s", "; ".join(differences))
+        if found:
+            log.warning("loading a state saved for a different loader: %s", "; ".join(found))
         if not 0 <= int(state["batch"]) <= schedule.batches:
             raise PlanMismatch(
                 f"saved batch {state['batch']} is outside this loader's {schedule.batches} batches in that epoch"

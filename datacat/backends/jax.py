@@ -27,7 +27,6 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 # This module is the jax backend; nothing else in datacat imports jax or grain.
@@ -36,8 +35,11 @@ import jax
 import numpy as np
 
 from datacat.backends import batch_memory
-from datacat.backends.base import EpochRun, Loader, keep_freed_memory
+from datacat.backends.base import BaseLoader, Outputs
+from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import OptionError
+from datacat.loading.options import JaxOptions, LoadOptions
+from datacat.loading.runs import EpochRun
 from datacat.resolve import Plan
 
 __all__ = ["JaxLoader", "open_jax"]
@@ -111,22 +113,21 @@ def _start_worker(parent: int, slots: tuple[str, int] | None, worker_index: int,
         batch_memory.worker_slots(*slots, worker_index)
 
 
-class JaxLoader(Loader):
+class JaxLoader(BaseLoader):
     """Batches as dicts of numpy arrays (or ``jax.Array`` with ``device_put=True``)."""
 
     framework = "jax"
 
-    def __init__(
-        self, plan: Plan, *, device_put: bool = False, sharding: Any = None, read_threads: int = 1, **options: Any
-    ) -> None:
-        if options.get("num_workers", 0) > 0 and _spawned_and_starting():
+    def __init__(self, plan: Plan, options: LoadOptions, jax_options: JaxOptions | None = None) -> None:
+        if options.num_workers > 0 and _spawned_and_starting():
             raise SystemExit(
                 f"datacat: {_UNGUARDED}"
             )  # a worker re-running an unguarded script: one line, no traceback
-        super().__init__(plan, **options)
-        self.read_threads = read_threads
-        self.device_put = device_put or sharding is not None
-        self.sharding = sharding
+        super().__init__(plan, options)
+        jax_options = jax_options or JaxOptions()
+        self.read_threads = jax_options.read_threads
+        self.device_put = jax_options.device_put or jax_options.sharding is not None
+        self.sharding = jax_options.sharding
         self._iterator: Any = None
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
         self._first: concurrent.futures.Future[dict[str, Any]] | None = None  # its first output, asked early
@@ -148,7 +149,7 @@ class JaxLoader(Loader):
                     "and a batch_size divisible by the device count"
                 )
 
-    def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _batches(self, epoch: int, first: int) -> Outputs:
         if not self.source.random_access:
             return self._stream_epoch(epoch, first)
         if self._iterator is None or self._next != (epoch, first):
@@ -181,7 +182,7 @@ class JaxLoader(Loader):
         if boot is not None:
             boot.start()
 
-    def _from_run(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _from_run(self, epoch: int, first: int) -> Outputs:
         batches = self.schedule.batches
         self._start_workers()  # if no first batch was built here
         for index in range(first, batches):
@@ -199,7 +200,7 @@ class JaxLoader(Loader):
             self._next = (epoch, index + 1) if index + 1 < batches else (epoch + 1, 0)
             yield output
 
-    def _stream_epoch(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _stream_epoch(self, epoch: int, first: int) -> Outputs:
         batches = self.epochs_of.batches(epoch)
         iterator = None
         try:
@@ -288,10 +289,8 @@ class JaxLoader(Loader):
         return batch
 
 
-def open_jax(plan: Plan, **options: Any) -> JaxLoader:
+def open_jax(plan: Plan, options: LoadOptions, jax_options: JaxOptions | None = None) -> JaxLoader:
     """A JaxLoader for ``plan``; rank and world size default to jax's process index and count."""
-    if options.get("rank") is None:
-        options["rank"] = jax.process_index()
-    if options.get("world_size") is None:
-        options["world_size"] = jax.process_count()
-    return JaxLoader(plan, **options)
+    if options.rank is None or options.world_size is None:
+        options = options.placed(jax.process_index(), jax.process_count())
+    return JaxLoader(plan, options, jax_options)

@@ -34,10 +34,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from datacat.backends import batch_memory
-from datacat.backends.base import EpochRun, Epochs, Loader, keep_freed_memory
-from datacat.epochs import round_robin_consumed
+from datacat.backends.base import BaseLoader, Outputs
+from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import DatacatError, OptionError
-from datacat.pipeline import BatchView
+from datacat.loading.batches import BatchView
+from datacat.loading.epochs import round_robin_consumed
+from datacat.loading.options import LoadOptions, TorchOptions
+from datacat.loading.runs import EpochRun, Epochs
 from datacat.registry import format_of
 from datacat.resolve import Plan
 
@@ -199,30 +202,19 @@ def _check_picklable(stream: _BatchStream) -> None:
         ) from None
 
 
-class TorchLoader(Loader):
+class TorchLoader(BaseLoader):
     """Batches as dicts of torch tensors: ``image`` uint8 [B, H, W, 3] (or float [B, 3, H, W] in [-1, 1])."""
 
     framework = "torch"
 
-    def __init__(
-        self,
-        plan: Plan,
-        *,
-        image_layout: str = "hwc_uint8",
-        prefetch_factor: int = 4,
-        multiprocessing_context: str | None = None,
-        worker_timeout: float = 600.0,
-        reuse_batch_memory: bool = True,
-        **options: Any,
-    ) -> None:
-        if image_layout not in ("hwc_uint8", "chw_float"):
-            raise OptionError(f"image_layout must be 'hwc_uint8' or 'chw_float', not {image_layout!r}")
-        super().__init__(plan, **options)
-        self.image_layout = image_layout
-        self.prefetch_factor = prefetch_factor
-        self.multiprocessing_context = multiprocessing_context
-        self.worker_timeout = worker_timeout
-        self.reuse_batch_memory = reuse_batch_memory
+    def __init__(self, plan: Plan, options: LoadOptions, torch_options: TorchOptions | None = None) -> None:
+        super().__init__(plan, options)
+        torch_options = torch_options or TorchOptions()
+        self.image_layout = torch_options.image_layout
+        self.prefetch_factor = torch_options.prefetch_factor
+        self.multiprocessing_context = torch_options.multiprocessing_context
+        self.worker_timeout = torch_options.worker_timeout
+        self.reuse_batch_memory = reuse_batch_memory = torch_options.reuse_batch_memory
         self._workers: DataLoader | None = None  # type: ignore[type-arg]
         self._position: Any = None
         self._runs = 0  # runs started on these workers: the slot table's marks
@@ -233,7 +225,7 @@ class TorchLoader(Loader):
         if self.num_workers and reuse_batch_memory:
             self.epochs_of.allocate = batch_memory.take  # a worker's slot when it has one free
 
-    def _batches(self, epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _batches(self, epoch: int, first: int) -> Outputs:
         sequential = not self.source.random_access
         if self.num_workers == 0:
             return iter(_BatchStream(self.epochs_of, [epoch, first, epoch + 1, 0], sequential))
@@ -258,7 +250,7 @@ class TorchLoader(Loader):
             self._slots.reclaim(self._runs)
         return run
 
-    def _from_run(self, run: Iterator[dict[str, Any]], epoch: int, first: int) -> Iterator[dict[str, Any]]:
+    def _from_run(self, run: Iterator[dict[str, Any]], epoch: int, first: int) -> Outputs:
         batches = self.schedule.batches
         for index in range(first, batches):
             self._next = None  # until this batch is taken: an error here leaves the run unusable
@@ -318,13 +310,11 @@ class TorchLoader(Loader):
         return batch
 
 
-def open_torch(plan: Plan, **options: Any) -> TorchLoader:
+def open_torch(plan: Plan, options: LoadOptions, torch_options: TorchOptions | None = None) -> TorchLoader:
     """A TorchLoader for ``plan``; rank and world size default from torch.distributed, then RANK/WORLD_SIZE."""
-    if options.get("rank") is None or options.get("world_size") is None:
-        rank, world = _torch_world()
-        options["rank"] = rank if options.get("rank") is None else options["rank"]
-        options["world_size"] = world if options.get("world_size") is None else options["world_size"]
-    return TorchLoader(plan, **options)
+    if options.rank is None or options.world_size is None:
+        options = options.placed(*_torch_world())
+    return TorchLoader(plan, options, torch_options)
 
 
 def _torch_world() -> tuple[int, int]:
