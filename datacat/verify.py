@@ -20,11 +20,12 @@ from typing import Any
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError, ShardError
 from datacat.formats import RawItem
-from datacat.formats.storage import filesystem, is_remote, with_retries
-from datacat.manifest import Manifest, ShardFacts, save_manifest
 from datacat.pipeline import SampleSource
-from datacat.resolve import Plan, Shard, resolve
+from datacat.plan import Plan, Shard
+from datacat.planning import resolve
 from datacat.rules import is_glob, shard_names
+from datacat.storage import filesystem, is_remote, with_retries
+from datacat.storage.manifests import Manifest, ShardFacts, save_manifest
 from datacat.transforms.ledger import BadSample, Ledger
 
 __all__ = ["Report", "ShardReport", "bad_records", "verify"]

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem, record_caption
-from datacat.formats.storage import filesystem, read_many, with_retries
 from datacat.registry import Format
+from datacat.storage import filesystem, read_many, with_retries
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["FORMAT", "IMAGE_SUFFIXES", "ImageFolderReader"]
 
