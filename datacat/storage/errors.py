@@ -51,9 +51,16 @@ class Meaning(enum.Enum):
     REFUSED = "refused"
 
 
-def _by_status(exc: BaseException) -> Meaning:
-    """An HTTP error by its status: 404 missing, 408, 429 and 5xx transient, any other refused."""
-    code = getattr(exc, "code", None) or getattr(exc, "status", None)  # gcsfs says code, aiohttp status
+def _by_status(attribute: str) -> Callable[[BaseException], Meaning]:
+    """An HTTP error by the status it holds in ``attribute``: 404 missing, 408, 429 and 5xx transient, else refused."""
+
+    def meaning(exc: BaseException) -> Meaning:
+        return _of_status(getattr(exc, attribute, None))
+
+    return meaning
+
+
+def _of_status(code: object) -> Meaning:
     if code == 404:
         return Meaning.MISSING
     if isinstance(code, int) and (code in (408, 429) or code >= 500):
@@ -72,13 +79,13 @@ KNOWN: tuple[tuple[str, Classifier], ...] = (
     ("builtins:NotADirectoryError", Meaning.REFUSED),
     ("builtins:PermissionError", Meaning.REFUSED),
     # gcsfs: the service's answer, by status; a body whose checksum did not match (gcsfs retries it too).
-    ("gcsfs.retry:HttpError", _by_status),
+    ("gcsfs.retry:HttpError", _by_status("code")),
     ("gcsfs.retry:ChecksumError", Meaning.TRANSIENT),
     # aiohttp (gcsfs's transport): a body cut short, a dropped or refused connection, a status.
     ("aiohttp.http_exceptions:ContentLengthError", Meaning.TRANSIENT),
     ("aiohttp.client_exceptions:ClientPayloadError", Meaning.TRANSIENT),
     ("aiohttp.client_exceptions:ClientConnectionError", Meaning.TRANSIENT),
-    ("aiohttp.client_exceptions:ClientResponseError", _by_status),
+    ("aiohttp.client_exceptions:ClientResponseError", _by_status("status")),
     ("aiohttp.client_exceptions:ClientError", Meaning.REFUSED),
     # google-auth (gcsfs's credentials): the token endpoint unreachable, or the credentials refused.
     ("google.auth.exceptions:TransportError", Meaning.TRANSIENT),
