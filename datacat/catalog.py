@@ -22,8 +22,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from datacat._yaml import KeyPath, load_yaml
+from datacat.cache import cache_dir
 from datacat.errors import CatalogError, EntryNotFound, Problem
-from datacat.manifest import cache_dir
 from datacat.rules import check_catalog, check_entry
 from datacat.schema import Entry
 

@@ -20,8 +20,8 @@ from rich.table import Table
 from datacat.catalog import Catalog, load_catalog
 from datacat.describe import describe as describe_entry
 from datacat.errors import BackendUnavailable, CatalogError, DatacatError, OptionError
+from datacat.planning import resolve
 from datacat.redact import redact
-from datacat.resolve import resolve
 from datacat.schema import BadSamplePolicy, Entry
 
 F = TypeVar("F", bound=Callable[..., Any])
