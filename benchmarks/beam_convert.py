@@ -111,7 +111,7 @@ def main() -> None:
         )
         catalog = datacat.load_catalog([folder / "c.yaml"])
         datacat.resolve("bench", catalog=catalog)  # indexes the tars once, before either run is timed
-        from datacat.pipeline import SampleSource
+        from datacat.loading.sources import SampleSource
 
         SampleSource(datacat.resolve("bench", catalog=catalog))
         loop = plain_loop(catalog, folder / "loop", args.layout, args.records_per_shard)

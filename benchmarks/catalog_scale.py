@@ -53,7 +53,7 @@ def time_describe(catalog: Path, runs: int) -> list[float]:
 
 
 def time_mixture() -> tuple[float, float]:
-    from datacat.mixing import Draws
+    from datacat.loading.mixture import Draws
 
     sizes = (12_000_000, 10_000_000, 5_000_000, 3_000_000)
     tracemalloc.start()

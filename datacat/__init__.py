@@ -18,7 +18,8 @@ from datacat.errors import (
 )
 from datacat.loading.contracts import Loader
 from datacat.loading.options import JaxOptions, LoadOptions, TorchOptions
-from datacat.resolve import Plan, resolve
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.schema import Entry
 
 __all__ = [

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from datacat.errors import BackendUnavailable
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["BACKENDS", "FORMATS", "Format", "Implementation", "format_of", "load_implementation"]
 
@@ -82,13 +82,13 @@ FORMATS: dict[str, str] = {
     "huggingface": "datacat.formats.huggingface",
     "embeddings": "datacat.formats.embeddings",
     "embedding_table": "datacat.formats.embedding_table",
-    "mixture": "datacat.mixing",
+    "mixture": "datacat.loading.mixture",
 }
 """Each ``format:`` value and the module whose ``FORMAT`` declares it."""
 
 
 def _open_mixture(plan: Plan) -> Any:
-    from datacat.mixing import MixtureSource
+    from datacat.loading.mixture import MixtureSource
 
     return MixtureSource(plan)
 

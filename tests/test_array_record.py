@@ -12,7 +12,7 @@ from datacat.errors import RecordError, ShardError
 from datacat.formats.ar_shards import count_records
 from datacat.formats.array_record import ArrayRecordReader
 from datacat.formats.packed import pack_record, unpack_pre_resized, unpack_record, unpack_views
-from datacat.pipeline import SampleSource
+from datacat.loading.sources import SampleSource
 
 
 def _by_hand(entries: dict[str, bytes]) -> bytes:

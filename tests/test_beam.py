@@ -18,7 +18,7 @@ from datacat.beam import pipeline_options
 from datacat.beam.convert import convert
 from datacat.beam.embed import embed
 from datacat.cli import main
-from datacat.pipeline import SampleSource
+from datacat.loading.sources import SampleSource
 
 ONE = pipeline_options(workers=1)  # in this process: pytest's monkeypatches reach the job
 
@@ -188,7 +188,7 @@ def test_embed_gives_a_corrupt_image_a_zero_row_and_a_ledger_line(tmp_path: Path
 
 
 def test_verify_deep_as_a_beam_job_matches_the_single_machine_verify(tmp_path: Path) -> None:
-    from datacat.manifest import load_manifest
+    from datacat.storage.manifests import load_manifest
     from datacat.verify import verify
 
     catalog = _tars_with_a_corrupt_image(tmp_path / "tars")

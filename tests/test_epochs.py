@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from datacat.errors import OptionError
 from datacat.loading.epochs import plan_schedule, round_robin_consumed
 from datacat.loading.shuffle import Feistel, shard_order
-from datacat.errors import OptionError
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 55, 64, 1000, 4097])

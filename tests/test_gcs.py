@@ -9,7 +9,7 @@ from helpers import read_all, sample_at
 
 import datacat
 from datacat.catalog import builtin_catalog_dir
-from datacat.pipeline import SampleSource
+from datacat.loading.sources import SampleSource
 
 pytestmark = pytest.mark.slow  # every test here starts processes or a storage server
 

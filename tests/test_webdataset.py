@@ -10,7 +10,7 @@ from helpers import make_tar, read_all, sample_members
 import datacat
 from datacat.errors import RecordError, ShardError
 from datacat.formats.webdataset import TarStream, decode_member, group_by_key, split_key, tar_members
-from datacat.pipeline import SampleSource
+from datacat.loading.sources import SampleSource
 
 
 def _catalog(tmp_path: Path, body: str) -> datacat.Catalog:
@@ -141,8 +141,8 @@ def test_skip_yields_every_good_sample_and_ledgers_the_bad(tmp_path: Path) -> No
 def test_a_batch_holds_each_good_sample_in_order_around_bad_ones(tmp_path: Path, loading: dict[str, str]) -> None:
     # Images are resized straight into the batch's rows; a bad sample's row is closed up, so every
     # row holds the pixels its sample has when made on its own.
-    from datacat.epochs import Schedule
-    from datacat.pipeline import BatchView
+    from datacat.loading.batches import BatchView
+    from datacat.loading.epochs import Schedule
 
     keys = [f"{i:04d}" for i in range(10)]
     bad = {"0000", "0004", "0005"}

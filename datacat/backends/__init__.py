@@ -14,8 +14,10 @@ from datacat.catalog import Catalog
 from datacat.errors import BackendUnavailable, OptionError
 from datacat.loading.contracts import Loader
 from datacat.loading.options import ImageLayout, JaxOptions, LoadOptions, TorchOptions
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.registry import BACKENDS, load_implementation
-from datacat.resolve import Plan, override_loading, resolve
+from datacat.resolve import override_loading
 from datacat.schema import Augmentation, BadSamplePolicy, ResizeMode
 
 if TYPE_CHECKING:  # the transforms need numpy, which the core install does not have

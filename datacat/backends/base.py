@@ -19,7 +19,6 @@ from collections.abc import Generator
 from typing import Any, Self
 
 from datacat.errors import DatacatError, PlanMismatch
-from datacat.formats.storage import retry_count
 from datacat.loading.contracts import Batch
 from datacat.loading.epochs import Schedule
 from datacat.loading.mixture import open_source
@@ -27,7 +26,8 @@ from datacat.loading.options import LoadOptions
 from datacat.loading.runs import Epochs
 from datacat.loading.sources import SampleSource
 from datacat.loading.state import STATE_VERSION, differences
-from datacat.resolve import Plan
+from datacat.plan import Plan
+from datacat.storage import retry_count
 from datacat.transforms.ledger import Ledger
 
 __all__ = ["BaseLoader"]
@@ -62,7 +62,7 @@ class BaseLoader:
 
     Every record of the split is delivered once per epoch across ranks and
     workers; every rank gets the same number of batches (see
-    :mod:`datacat.epochs`). A batch holds the records its schedule assigns,
+    :mod:`datacat.loading.epochs`). A batch holds the records its schedule assigns,
     less any that the ``skip`` policy dropped.
     """
 

@@ -40,7 +40,7 @@ from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import OptionError
 from datacat.loading.options import JaxOptions, LoadOptions
 from datacat.loading.runs import EpochRun
-from datacat.resolve import Plan
+from datacat.plan import Plan
 
 __all__ = ["JaxLoader", "open_jax"]
 

@@ -41,8 +41,8 @@ from datacat.loading.batches import BatchView
 from datacat.loading.epochs import round_robin_consumed
 from datacat.loading.options import LoadOptions, TorchOptions
 from datacat.loading.runs import EpochRun, Epochs
+from datacat.plan import Plan
 from datacat.registry import format_of
-from datacat.resolve import Plan
 
 __all__ = ["TorchLoader", "open_torch", "worker_indices"]
 

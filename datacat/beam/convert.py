@@ -33,9 +33,10 @@ from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of,
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.packed import pack_record
-from datacat.formats.storage import filesystem, is_remote
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.registry import format_of
-from datacat.resolve import Plan, resolve
+from datacat.storage import filesystem, is_remote
 from datacat.transforms.ledger import BadSample
 
 __all__ = ["Conversion", "convert", "converted_records"]
@@ -233,7 +234,7 @@ def build(pipeline: beam.Pipeline, job: Conversion) -> Any:
 def _survey(plan: Plan) -> tuple[int, bool, int, tuple[int, ...]]:
     """(records in the converted sequence, whether they are image-only, their image size, records per shard),
     read where the job starts."""
-    from datacat.mixing import MixtureSource, open_source
+    from datacat.loading.mixture import MixtureSource, open_source
 
     source = open_source(plan)
     sources = source.components if isinstance(source, MixtureSource) else [source]

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from datacat.formats.storage import retry_count
 from datacat.loading.collate import collate_numpy
 from datacat.loading.contracts import Records
 from datacat.loading.epochs import cumulative
 from datacat.loading.sources import Fetched
+from datacat.storage import retry_count
 from datacat.transforms.ledger import is_marker
 
 __all__ = ["Allocate", "BatchView"]

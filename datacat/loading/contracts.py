@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from datacat.loading.epochs import Schedule
     from datacat.loading.sources import Fetched
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
     from datacat.transforms.ledger import Ledger
 
 __all__ = ["Batch", "Loader", "Records", "Source"]

@@ -31,7 +31,7 @@ from datacat.loading.epochs import Schedule
 from datacat.loading.options import LoadOptions
 from datacat.loading.shuffle import epoch_key
 from datacat.loading.sources import EpochView, Fetched, SampleSource, finish, ledger_for, reads_remote
-from datacat.resolve import Plan
+from datacat.plan import Plan
 
 __all__ = ["Draws", "MixtureSource", "MixtureView", "open_source"]
 

@@ -21,11 +21,11 @@ import numpy as np
 
 from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import RawItem, Reader, open_reader
-from datacat.formats.storage import is_remote
 from datacat.loading.epochs import Schedule, cumulative, locate
 from datacat.loading.options import LoadOptions
 from datacat.loading.shuffle import Feistel, epoch_key, shard_order
-from datacat.resolve import Plan
+from datacat.plan import Plan
+from datacat.storage import is_remote
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform, transform_for
 
