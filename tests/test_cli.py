@@ -117,7 +117,7 @@ def test_count_prints_the_totals_an_entry_declares() -> None:
 
 
 def test_version_and_counts_a_person_can_read() -> None:
-    from datacat.cli import _human
+    from datacat.cli._shared import human_count as _human
 
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == "datacat, version 0.1.0"
@@ -132,7 +132,7 @@ def test_version_and_counts_a_person_can_read() -> None:
 def test_list_never_cuts_a_name_on_a_narrow_terminal(monkeypatch) -> None:
     from rich.console import Console
 
-    import datacat.cli as cli
+    import datacat.cli.catalog_commands as cli
 
     monkeypatch.setattr(cli, "out", Console(width=80, highlight=False, force_terminal=False))
     with cli.out.capture() as captured:
@@ -255,3 +255,20 @@ def test_describe_of_a_mixture_shows_what_each_components_batches_get(tmp_path: 
     assert code == 0, out
     # The mixture's image_size applies to both; each keeps its own augmentation (not the entry default).
     assert "a: image_size 64, augmentation none," in out and "b: image_size 64, augmentation flip_only," in out, out
+
+
+def _subcommands() -> list[str]:
+    return sorted(main.commands)
+
+
+@pytest.mark.parametrize("command", _subcommands())
+def test_every_subcommand_help_exits_0(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_the_cli_imports_and_prints_help() -> None:
+    proc = subprocess.run([sys.executable, "-m", "datacat", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "list" in proc.stdout and "convert" in proc.stdout

@@ -1,4 +1,4 @@
-"""The Beam commands of the CLI: ``datacat convert`` and ``datacat embed`` (``verify --runner`` is in cli).
+"""The Beam job commands: ``datacat convert``, ``datacat embed``, and the job options of ``verify --deep``.
 
 Each takes Beam's own flags after its options (``--runner DataflowRunner
 --project ... --region ... --temp_location gs://...``), passed through
@@ -9,35 +9,17 @@ starts, never by ``datacat list`` or ``describe``.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 import click
 from rich.table import Table
 
-from datacat.cli import _catalog, _readers_installed, _reports_errors, err, main, out
-from datacat.errors import BackendUnavailable
+from datacat.cli._shared import catalog_of, err, job_options, out, reports_errors
 
-__all__ = ["convert", "embed", "job_options"]
+__all__ = ["convert", "embed"]
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
-
-
-def job_options(runner: str | None, workers: int | None, flags: list[str]) -> Any:
-    """Beam's PipelineOptions from the command's --runner and --workers and the flags after them."""
-    _readers_installed("a Beam job")
-    try:
-        from datacat.beam import pipeline_options
-    except ImportError as exc:
-        raise BackendUnavailable(f"Beam jobs need apache-beam: pip install 'datacat[beam]' ({exc.name})") from None
-    # The command owns this process: Beam's own chatter (relayed worker notices, optional GCP clients it
-    # looks for) stays out of the output unless it is an error; datacat prints the progress and summary.
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = [*flags, *([f"--runner={runner}"] if runner else [])]
-    return pipeline_options(args, workers=workers or os.cpu_count() or 1)
 
 
 def _summary(title: str, counters: dict[str, int], catalog_file: str, names: list[str]) -> None:
@@ -68,7 +50,7 @@ def _runner_options(func: Any) -> Any:
     )(func)
 
 
-@main.command(context_settings=_PASS_THROUGH)
+@click.command(context_settings=_PASS_THROUGH)
 @click.argument("name")
 @click.option("--to", "to", type=click.Choice(["array_record"]), default="array_record", show_default=True)
 @click.option("--out", required=True, help="Folder (local or gs://) for the shards and their catalog entry.")
@@ -77,7 +59,7 @@ def _runner_options(func: Any) -> Any:
 @click.option("--entry-name", default="", help="Name of the new entry (default: NAME-converted).")
 @_runner_options
 @click.pass_context
-@_reports_errors
+@reports_errors
 def convert(
     ctx: click.Context,
     name: str,
@@ -100,7 +82,7 @@ def convert(
     catalog_file, counters = run_convert(
         name,
         out,
-        catalog=_catalog(ctx),
+        catalog=catalog_of(ctx),
         layout=layout,
         records_per_shard=records_per_shard,
         entry_name=entry_name,
@@ -116,14 +98,14 @@ def convert(
     _summary(f"datacat convert {name}", counters, catalog_file, names)
 
 
-@main.command(context_settings=_PASS_THROUGH)
+@click.command(context_settings=_PASS_THROUGH)
 @click.argument("name")
 @click.option("--fn", "fn", required=True, help="module:function, fn(images uint8 [B,H,W,3], captions) -> dict.")
 @click.option("--out", required=True, help="Folder (local or gs://) for the embedding files and their catalog entries.")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @_runner_options
 @click.pass_context
-@_reports_errors
+@reports_errors
 def embed(
     ctx: click.Context, name: str, fn: str, out: str, batch_size: int, runner: str | None, workers: int | None
 ) -> None:
@@ -132,7 +114,8 @@ def embed(
     from datacat.beam.embed import embed as run_embed
 
     err.print(f"embedding {name} with {fn} into {out}...", markup=False)
-    catalog_file, counters = run_embed(name, out, fn, catalog=_catalog(ctx), batch_size=batch_size, options=options)
+    catalog_file, counters = run_embed(name, out, fn, catalog=catalog_of(ctx), batch_size=batch_size, options=options)
+
     from datacat.catalog import load_catalog
 
     names = _entries_of(load_catalog([catalog_file]), catalog_file)
