@@ -11,7 +11,7 @@ from typing import Any
 from datacat.catalog import Catalog, load_catalog
 from datacat.plan import Plan
 from datacat.planning import resolve
-from datacat.registry import format_of
+from datacat.registry import MIXTURE, format_of
 from datacat.rules import is_glob
 from datacat.schema import Entry
 
@@ -75,9 +75,9 @@ def _pattern_of(shards: str | tuple[str, ...]) -> Any:
 
 def layout_contract(plan: Plan, entry: Entry | None = None) -> list[str]:
     """The rules files must follow for this entry to load, one sentence each."""
+    if plan.format == MIXTURE:  # its components' files
+        return [f"Each component ({', '.join(c.plan.name for c in plan.components)}) follows its own contract."]
     declared = format_of(plan.format)
-    if "location" not in declared.needs:  # a mixture: its components' files
-        return declared.contract(plan)
     lines = []
     if entry is not None and entry.location is not None and not is_glob(entry.location.shards):
         lines.append(f"Every shard the pattern names, except the missing ones, exists under {plan.root}.")

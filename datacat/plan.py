@@ -10,16 +10,31 @@ backends consume it, and its fingerprint identifies it in a saved loader state.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
-from datacat.schema import Embeddings, Exhaustion, Loading, Prior, Record
+from datacat.schema import Embeddings, Exhaustion, Loading, Record
 
-__all__ = ["Plan", "PlanComponent", "Shard", "manifest_key", "mixture_samples", "weigh_components"]
+__all__ = ["Plan", "PlanComponent", "Shard", "ShardFacts", "manifest_key", "mixture_samples", "weigh_components"]
+
+
+@dataclasses.dataclass
+class ShardFacts:
+    """One shard as last read: its records and bytes, a checksum if verified, its tar index file if any."""
+
+    name: str
+    records: int
+    url: str = ""
+    bytes: int | None = None
+    checksum: str | None = None
+    index: str | None = None
+    """File name (under the cache dir's ``tar-index``) of the shard's sample spans, int64 [records, 2]."""
+    compressed: bool = False
 
 
 class _Frozen(BaseModel):
@@ -67,7 +82,8 @@ class Plan(_Frozen):
     components: tuple[PlanComponent, ...] = ()
     exhaustion: Exhaustion | None = None
     embeddings: Embeddings | None = None
-    prior: Prior | None = None
+    options: SerializeAsAny[BaseModel] | None = None
+    """The format's own section, validated by the options model it declares (None: it has none)."""
     images: Plan | None = None
     """For an embeddings entry: the plan of the image shards it aligns with."""
     storage_options: dict[str, Any] = Field(default_factory=dict, repr=False, exclude=True)

@@ -23,7 +23,7 @@ from datacat.errors import OptionError
 from datacat.interpolate import interpolate, interpolate_all
 from datacat.plan import Plan, PlanComponent, Shard, manifest_key, mixture_samples, weigh_components
 from datacat.redact import remember
-from datacat.registry import format_of
+from datacat.registry import MIXTURE, format_of
 from datacat.rules import escapes_root, is_glob, shard_names
 from datacat.schema import (
     Augmentation,
@@ -94,24 +94,38 @@ def _resolve(
         # The entry's own class-names file is relative to its catalog file, like location.root.
         anchored = os.path.normpath(source.folder / os.path.expanduser(names_file))
         loading = loading.model_copy(update={"captions": loading.captions.model_copy(update={"class_names": anchored})})
-    info = format_of(entry.format)
-    if entry.prior is not None and loading.val_batches:
-        loading = loading.model_copy(update={"val_batches": 0})  # split by declared rows, never by batch counts
+    if entry.format == MIXTURE:
+        info = None
+    else:
+        info = format_of(entry.format)
+        if not info.val_batches and loading.val_batches:
+            loading = loading.model_copy(update={"val_batches": 0})  # the format splits its own way
     common: dict[str, Any] = dict(
         name=name,
         format=entry.format,
-        access=info.access,
+        access="composite" if info is None else info.access,
         split=split,
         seed=seed,
         loading=loading,
         batch_size=batch_size,
         source=source.file,
         overrides=source.overrides,
-        record=entry.record.model_copy(update={"layout": entry.record.layout or (info.layouts or (None,))[0]}),
+        record=entry.record.model_copy(
+            update={"layout": entry.record.layout or (None if info is None else (info.layouts or (None,))[0])}
+        ),
     )
-    if entry.mixture is not None:
+    if info is None:
         return _resolve_mixture(catalog, name, entry, common, split, root, seed, batch_size, env, options, trail)
-    location, from_holdout = _location(name, entry, split, loading)
+    section = None
+    if info.options is not None and info.section is not None:
+        section = info.options.model_validate(entry.section(info.section) or {})  # validated with the catalog
+    location, from_holdout = _location(
+        name,
+        entry,
+        split,
+        loading,
+        info.own_validation is not None and section is not None and info.own_validation(section),
+    )
     train_shards = split == "train" or from_holdout
     base, storage_options = _base_url(location, source, root, env)
     names = [] if is_glob(location.shards) else shard_names(location)
@@ -150,7 +164,7 @@ def _resolve(
         from_holdout=from_holdout,
         manifest=key,
         embeddings=entry.embeddings,
-        prior=entry.prior,
+        options=section,
         images=images,
         storage_options=storage_options,
         storage_options_shown=_shown(location.storage_options),
@@ -218,7 +232,7 @@ def override_loading(name: str, loading: Loading, options: Mapping[str, object])
         raise OptionError(f"{name}: {problems}") from None
 
 
-def _location(name: str, entry: Entry, split: str, loading: Loading) -> tuple[Location, bool]:
+def _location(name: str, entry: Entry, split: str, loading: Loading, own_validation: bool) -> tuple[Location, bool]:
     """The location of ``split`` and whether it is the holdout at the head of the train shards."""
     assert entry.location is not None  # validated: every non-mixture format needs a location
     if split == "train":
@@ -227,7 +241,7 @@ def _location(name: str, entry: Entry, split: str, loading: Loading) -> tuple[Lo
         return entry.splits[split], False
     if split == "validation" and loading.val_split:
         return entry.splits[loading.val_split], False
-    if split == "validation" and entry.prior is not None and entry.prior.validation_rows is not None:
+    if split == "validation" and own_validation:
         return entry.location, False  # the same tables; the reader keeps the declared rows
     if split == "validation" and loading.val_batches:
         return entry.location, True

@@ -13,8 +13,10 @@ import difflib
 import re
 from collections.abc import Iterable, Iterator, Mapping
 
+from pydantic import ValidationError
+
 from datacat.interpolate import unset_variables
-from datacat.registry import FORMATS, format_of
+from datacat.registry import MIXTURE, Format, format_names, format_of
 from datacat.schema import Entry, Location
 from datacat.shards import brace_numbers, expand_braces
 
@@ -38,21 +40,28 @@ def shard_names(location: Location) -> list[str]:
 
 def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -> Iterator[Finding]:
     """Every rule one entry breaks on its own."""
-    if entry.format not in FORMATS:
-        close = difflib.get_close_matches(entry.format, FORMATS, n=1)
+    known = format_names()
+    if entry.format == MIXTURE:
+        yield from _check_mixture(name, entry)
+        yield from _check_extra(name, entry, None)
+        return
+    if entry.format not in known:
+        close = difflib.get_close_matches(entry.format, [*known, MIXTURE], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        yield name, ("format",), f"{entry.format!r} is not a known format (known: {', '.join(sorted(FORMATS))}){hint}"
+        yield name, ("format",), f"{entry.format!r} is not a known format (known: {', '.join(known)}){hint}"
         return
     info = format_of(entry.format)
+    # A misspelt key is both unknown and, for the key it meant, missing: say it once, with the fix.
+    meant = {m for key in entry.model_extra or {} for m in difflib.get_close_matches(key, Entry.model_fields, n=1)}
     for section in info.needs:
-        if getattr(entry, section) is None:
+        if getattr(entry, section, None) is None and section not in meant:
             yield name, (section,), f"required for format {entry.format!r}"
-    if "location" not in info.needs and entry.location is not None:
-        yield name, ("location",), f"a {entry.format} has no shards of its own; remove it and list components"
-    for owner in FORMATS:  # a section only one format reads, on an entry of another
-        for section in format_of(owner).sections:
-            if owner != entry.format and getattr(entry, section) is not None:
-                yield name, (section,), f"only a {owner!r} entry has this section, this one has format {entry.format!r}"
+    if entry.mixture is not None:
+        yield name, ("mixture",), f"only a {MIXTURE!r} entry has this section, this one has format {entry.format!r}"
+    for section in _SCHEMA_SECTIONS:  # a schema section only some formats read, on an entry of another
+        if section not in info.sections and section not in info.needs and getattr(entry, section) is not None:
+            yield name, (section,), _not_mine(section, entry.format)
+    yield from _check_extra(name, entry, info)
     if info.layouts and entry.record.layout is not None and entry.record.layout not in info.layouts:
         yield (
             name,
@@ -66,8 +75,64 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
     for split, location in entry.splits.items():
         yield from _check_location(name, ("splits", split), location, None, env)
     if entry.loading.val_split is not None and entry.loading.val_split not in entry.splits:
-        known = ", ".join(entry.splits) or "none declared"
-        yield name, ("loading", "val_split"), f"{entry.loading.val_split!r} is not under splits ({known})"
+        known_splits = ", ".join(entry.splits) or "none declared"
+        yield name, ("loading", "val_split"), f"{entry.loading.val_split!r} is not under splits ({known_splits})"
+
+
+_SCHEMA_SECTIONS = ("embeddings",)
+"""Sections of the schema (not of a format) that only the formats naming them in ``needs`` or ``sections`` read."""
+
+
+def _check_mixture(name: str, entry: Entry) -> Iterator[Finding]:
+    if entry.mixture is None:
+        yield name, ("mixture",), f"required for format {MIXTURE!r}"
+    if entry.location is not None:
+        yield name, ("location",), "a mixture has no shards of its own; remove it and list components"
+    for section in _SCHEMA_SECTIONS:
+        if getattr(entry, section) is not None:
+            yield name, (section,), _not_mine(section, MIXTURE)
+
+
+def _owners(section: str) -> list[str]:
+    """The formats that read ``section`` (imports every format's module: only asked for a misplaced section)."""
+    found = []
+    for known in format_names():
+        info = format_of(known)
+        if section in (*info.needs, *info.sections, info.section):
+            found.append(known)
+    return found
+
+
+def _not_mine(section: str, format_name: str) -> str:
+    owners = " or ".join(repr(o) for o in _owners(section))
+    return f"only a {owners} entry has this section, this one has format {format_name!r}"
+
+
+def _check_extra(name: str, entry: Entry, info: Format | None) -> Iterator[Finding]:
+    """The keys beyond the schema's: the format's own section, validated by its options model; any other is refused."""
+    extra = dict(entry.model_extra or {})
+    own = info.section if info is not None else None
+    if info is not None and info.options is not None and own is not None:
+        try:
+            info.options.model_validate(extra.pop(own, None) or {})
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+                if err["type"] == "missing" and own not in (entry.model_extra or {}):
+                    yield name, (own,), f"required for format {entry.format!r} (its {own}.{loc[-1]} at least)"
+                    break
+                message = {
+                    "missing": "required key is missing",
+                    "extra_forbidden": f"unknown key of {own}; see the reference of format {entry.format!r}",
+                }.get(err["type"], f"{err['msg']} (got {err.get('input')!r})")
+                yield name, (own, *loc), message
+    for key in extra:
+        if _owners(key):
+            yield name, (key,), _not_mine(key, entry.format)
+            continue
+        meant = difflib.get_close_matches(key, [*Entry.model_fields, *([own] if own else [])], n=1)
+        hint = f"did you mean {meant[0]!r}?" if meant else "see `datacat schema` for the keys an entry may have"
+        yield name, (key,), f"unknown key; {hint}"
 
 
 def escapes_root(name: str) -> bool:

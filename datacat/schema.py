@@ -25,9 +25,9 @@ __all__ = [
     "Loading",
     "Location",
     "Mixture",
-    "Prior",
     "Record",
     "ResizeMode",
+    "Section",
     "Totals",
 ]
 
@@ -42,6 +42,13 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class Section(_Frozen):
+    """The base of a format's own YAML section (its ``options`` model): frozen, unknown keys refused.
+
+    Each field's docstring is its line in the catalog reference.
+    """
 
 
 class Location(_Frozen):
@@ -79,12 +86,8 @@ class Record(_Frozen):
     """How one record is laid out: which key holds what."""
 
     layout: str | None = None
-    """One of the layouts the format declares (a wrong one is an error listing them); unset means its first: `members` (tar members by extension), `packed` (array_record length-prefixed dict),
-    `pre_resized` (array_record `image`/`shape`/`caption`), `single` (one blob per record),
-    `tf_example` (array_record of serialized tf.train.Example, as `tfds build --file_format=array_record` writes;
-    shard lengths from the folder's `dataset_info.json`, class names from its `label.labels.txt`),
-    `files` (an image folder), `table` (a CSV/TSV/parquet list of image paths),
-    `rows` (a Hugging Face dataset's rows: `image` names the image column, `caption` the text column)."""
+    """One of the layouts the entry's format declares (a wrong one is an error listing them); unset means its
+    first. Each format's page in the reference says what its layouts are."""
     image: str | None = "jpg"
     """Key (or member extension, or column) holding the encoded image."""
     caption: str | None = "txt"
@@ -162,27 +165,15 @@ class Embeddings(_Frozen):
     dtype: Literal["float16", "float32", "float64"] = "float32"
 
 
-class Prior(_Frozen):
-    """Embedding tables as clip-retrieval writes them, for a diffusion prior (DALLE2-pytorch's `PriorEmbeddingDataset`).
+class Entry(_Frozen):
+    """One dataset of the catalog, keyed by its name in the YAML file.
 
-    Shard `0003` is `img_emb/img_emb_0003.npy`, `text_emb/text_emb_0003.npy` and
-    `metadata/metadata_0003.parquet` under the root, row-aligned; a record is one row.
+    Besides the keys below, an entry may have its format's own section (e.g.
+    `prior` for `embedding_table`), validated by the model the format
+    declares (:class:`datacat.registry.Format`); any other key is refused.
     """
 
-    dim: PositiveInt
-    """Embedding width, of image and text alike (768 for ViT-L/14)."""
-    dtype: Literal["float16", "float32", "float64"] = "float16"
-    text: bool = True
-    """Text-conditioned: read `text_emb` beside `img_emb` (false: the unconditioned prior, image side only)."""
-    captions: bool = True
-    """Read each row's `caption` from `metadata/metadata_NNNN.parquet`."""
-    validation_rows: tuple[NonNegativeInt, NonNegativeInt] | None = None
-    """Global rows `[start, end)` (over the shards in order) that are the validation split; training reads
-    every other row. Declared here, the split is the same for any world size."""
-
-
-class Entry(_Frozen):
-    """One dataset of the catalog, keyed by its name in the YAML file."""
+    model_config = ConfigDict(frozen=True, extra="allow", use_attribute_docstrings=True)
 
     description: str
     aliases: tuple[str, ...] = ()
@@ -193,8 +184,8 @@ class Entry(_Frozen):
     notes: str | None = None
     """Facts a user should know that have no field: provenance, a reading of the reference chosen."""
     format: str
-    """A key of the format registry: webdataset, array_record, image_folder, image_list, huggingface, embeddings,
-    embedding_table, mixture."""
+    """A format of the registry (the reference's formats page lists them), or `mixture` for an entry that mixes
+    others."""
     location: Location | None = None
     splits: dict[str, Location] = {}
     """Other splits by name (e.g. `validation`), each a location of its own."""
@@ -203,5 +194,7 @@ class Entry(_Frozen):
     loading: Loading = Loading()
     mixture: Mixture | None = None
     embeddings: Embeddings | None = None
-    prior: Prior | None = None
-    """For format `embedding_table`: the embedding tables' layout and split."""
+
+    def section(self, name: str) -> Any:
+        """The raw value of the format's own section ``name`` (None when the entry has none)."""
+        return (self.model_extra or {}).get(name)

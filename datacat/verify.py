@@ -24,6 +24,7 @@ from datacat.limits import deadline
 from datacat.loading.sources import SampleSource
 from datacat.plan import Plan, Shard
 from datacat.planning import resolve
+from datacat.registry import MIXTURE, format_names, format_of
 from datacat.rules import is_glob, shard_names
 from datacat.storage import filesystem, is_remote, with_retries
 from datacat.storage.manifests import Manifest, ShardFacts, save_manifest
@@ -102,8 +103,9 @@ def verify(
     catalog = load_catalog() if catalog is None else catalog
     canonical = catalog.canonical(name)
     entry = catalog[canonical]
-    if entry.location is None or entry.format not in ("webdataset", "array_record"):
-        raise OptionError(f"{canonical} is {entry.format}: verify checks webdataset and array_record entries")
+    verifiable = [n for n in format_names() if format_of(n).shard_facts is not None]
+    if entry.location is None or entry.format == MIXTURE or format_of(entry.format).shard_facts is None:
+        raise OptionError(f"{canonical} is {entry.format}: verify checks entries of {', '.join(verifiable)}")
     plan = resolve(canonical, catalog=catalog, root=root, list_shards=False, val_batches=0, count=None)
     say = progress or (lambda stage, done, total: None)
     listing = _list(plan)
@@ -209,22 +211,9 @@ def _count(
     """Each shard's facts (records, index), or the error that kept it from being read."""
     if not shards:
         return []
-    if plan.format == "webdataset":
-        from datacat.formats.webdataset import TarStream
-
-        count_one: Callable[[int], ShardFacts] = TarStream(
-            plan.model_copy(update={"shards": tuple(shards)})
-        ).index_shard
-    else:
-        from datacat.formats.ar_shards import count_records, index_shard
-
-        def count_one(i: int) -> ShardFacts:
-            url, name = shards[i].url, shards[i].name
-            if is_remote(url):  # the chunk index too, so that loading reads no footer
-                facts = index_shard(url, name, plan.storage_options, size=sizes.get(name))
-                if facts is not None:
-                    return facts
-            return ShardFacts(name, count_records(url), url=url)
+    counter = format_of(plan.format).shard_facts
+    assert counter is not None  # verify() checked
+    count_one = counter(plan.model_copy(update={"shards": tuple(shards)}), sizes)
 
     def attempt(i: int) -> ShardFacts | BaseException:
         try:

@@ -38,6 +38,7 @@ from datacat.backends import batch_memory
 from datacat.backends.base import BaseLoader, Outputs
 from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import OptionError
+from datacat.loading.collate import array_keys
 from datacat.loading.options import JaxOptions, LoadOptions
 from datacat.loading.runs import EpochRun
 from datacat.plan import Plan
@@ -283,7 +284,7 @@ class JaxLoader(BaseLoader):
                 if hasattr(value, "unlink_on_del"):
                     value.unlink_on_del()  # grain's array, deleted now, unlinks the segment's name
         if self.device_put:
-            for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
+            for key in array_keys(self.plan):
                 if key in batch:
                     batch[key] = jax.make_array_from_process_local_data(self.sharding, batch[key])  # type: ignore[no-untyped-call]
         return batch

@@ -38,6 +38,7 @@ from datacat.backends.base import BaseLoader, Outputs
 from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import DatacatError, OptionError
 from datacat.loading.batches import BatchView
+from datacat.loading.collate import array_keys
 from datacat.loading.epochs import round_robin_consumed
 from datacat.loading.options import LoadOptions, TorchOptions
 from datacat.loading.runs import EpochRun, Epochs
@@ -104,11 +105,12 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
             run = EpochRun(self.epochs, epoch, start, None if last < 0 else last)
             run.stride(worker, workers)
             indices = range(worker, len(run), workers)
+        arrays = array_keys(self.epochs.source.plan)
         try:
             for index in indices:
                 output = batch_memory.hand_over(run[index])  # images in a slot: only its name is sent
                 batch = output["batch"]
-                for key in ("image", "label", "embedding", "image_embedding", "text_embedding"):
+                for key in arrays:
                     if isinstance(batch.get(key), np.ndarray):
                         batch[key] = torch.from_numpy(batch[key])  # DataLoader moves it to shared memory to send it
                 yield output

@@ -203,10 +203,10 @@ def count(ctx: click.Context, name: str, root: str | None, threads: int) -> None
 
     readers_installed("count")
     from datacat.formats import count_shard, open_reader
-    from datacat.registry import format_of
+    from datacat.registry import MIXTURE, format_of
 
     plan = resolve(name, catalog=catalog_of(ctx), root=root, val_batches=0, count=None)
-    if format_of(plan.format).counted != "per_shard":
+    if plan.format == MIXTURE or format_of(plan.format).counted != "per_shard":
         raise OptionError(f"{plan.name} is {plan.format}: its records are counted when it is opened, not per shard")
     reader = open_reader(plan)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:

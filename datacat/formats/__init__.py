@@ -1,18 +1,20 @@
 """Readers: shards to raw records, one module per ``format:`` value.
 
 Each module ends in the format's declaration (:class:`datacat.registry.Format`)
-and holds its reader, which keeps one of the two contracts below (grain's
-``RandomAccessDataSource`` states the same for its sources).
+and holds its reader, which keeps one of the two contracts the registry
+states (:class:`~datacat.registry.RandomAccessReader`,
+:class:`~datacat.registry.StreamReader`; grain's ``RandomAccessDataSource``
+states the same for its sources). They are re-exported here with the
+helpers readers share.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from datacat.errors import BackendUnavailable, ShardError
-from datacat.registry import format_of
+from datacat.registry import RandomAccessReader, RawItem, Reader, StreamReader, format_of
 
 if TYPE_CHECKING:
     from datacat.plan import Plan
@@ -28,78 +30,6 @@ __all__ = [
     "open_reader",
     "record_caption",
 ]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RawItem:
-    """One record as read, before parsing: where it came from and its bytes or members.
-
-    Bytes may be a ``memoryview`` of what was read (a record or member is
-    not copied out of its span); ``bytes(payload)`` makes a copy.
-    """
-
-    key: str
-    shard: str
-    uid: int
-    payload: Any
-
-
-class RandomAccessReader(Protocol):
-    """Raw records by global index: shards in plan order, records in shard order.
-
-    - Built from a :class:`~datacat.resolve.Plan` alone and picklable, so
-      worker processes get copies; what it opens is opened again in each.
-    - ``len(reader)`` and ``counts`` (records per shard) are known once it is
-      built; ``items(indices)`` gives the same bytes for the same index in any
-      process, in the order asked, reading a batch's records at once.
-    - A record that cannot be read is its ``RecordError`` (a ``ValueError``,
-      judged by the bad-sample policy) or storage error in its place in the
-      list; a shard that cannot be opened (or holds another count than the
-      entry declares) raises a ``ShardError`` or ``FileNotFoundError`` naming it.
-    - ``parse(item)`` turns a raw item into the record dict of
-      :mod:`datacat.transforms.sample` and raises ``ValueError`` for a
-      record that cannot be read.
-    """
-
-    @property
-    def random_access(self) -> Literal[True]: ...
-
-    @property
-    def counts(self) -> Sequence[int]: ...
-
-    def __len__(self) -> int: ...
-
-    def items(self, indices: Sequence[int]) -> list[RawItem | Exception]: ...
-
-    def parse(self, item: RawItem) -> dict[str, Any]: ...
-
-
-class StreamReader(Protocol):
-    """Raw records shard by shard, front to back (gzip tars, embedding folders beside tars).
-
-    - Built from a Plan alone and picklable, as a random-access reader.
-    - ``iter_shard(i)`` yields shard ``i``'s records in the same order every
-      time; a shard that cannot be opened raises a ``ShardError`` (or
-      ``FileNotFoundError``) naming it, a record that cannot be split out
-      a ``RecordError``. ``counts`` are the records per shard when known
-      without reading (a manifest), else empty: the loader then needs the
-      entry's ``per_shard``.
-    - ``parse(item)`` as for a random-access reader.
-    """
-
-    @property
-    def random_access(self) -> Literal[False]: ...
-
-    @property
-    def counts(self) -> Sequence[int]: ...
-
-    def iter_shard(self, shard: int) -> Iterator[RawItem]: ...
-
-    def parse(self, item: RawItem) -> dict[str, Any]: ...
-
-
-Reader = RandomAccessReader | StreamReader
-"""What a format's reader is: ``reader.random_access`` tells which."""
 
 
 def only_item(results: Sequence[RawItem | Exception]) -> RawItem:

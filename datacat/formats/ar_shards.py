@@ -12,7 +12,7 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "open_shard",
     "remember_counts",
     "used_here",
+    "verify_counter",
 ]
 
 
@@ -207,3 +208,17 @@ def check_reachable(url: str, storage_options: dict[str, Any]) -> None:
             "to a local copy",
             url=url,
         ) from result
+
+
+def verify_counter(plan: Plan, sizes: Mapping[str, int]) -> Callable[[int], ShardFacts]:
+    """``verify``'s count of shard ``i``: its records, and its chunk index too where it is remote."""
+
+    def count_one(i: int) -> ShardFacts:
+        url, name = plan.shards[i].url, plan.shards[i].name
+        if is_remote(url):  # the chunk index too, so that loading reads no footer
+            facts = index_shard(url, name, plan.storage_options, size=sizes.get(name))
+            if facts is not None:
+                return facts
+        return ShardFacts(name, count_records(url), url=url)
+
+    return count_one

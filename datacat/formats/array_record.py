@@ -36,6 +36,7 @@ from datacat.formats.ar_shards import (
     open_shard,
     remember_counts,
     used_here,
+    verify_counter,
 )
 from datacat.formats.packed import unpack_pre_resized, unpack_views
 from datacat.formats.tf_example import example_record, tfds_lengths
@@ -393,5 +394,7 @@ FORMAT = Format(
     ("packed", "pre_resized", "single", "tf_example"),
     _contract,
     used_here=used_here,
+    shard_facts=verify_counter,
+    doc=__doc__ or "",
     hint="array_record shards need array-record: pip install array-record",
 )

@@ -28,9 +28,12 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import BaseModel
+
 from datacat.errors import ShardError
 from datacat.formats import RawItem, check_declared
 from datacat.registry import Format
+from datacat.schema import NonNegativeInt, PositiveInt, Section
 from datacat.storage import object_size, open_url, read_ranges
 
 if TYPE_CHECKING:
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
 
     from datacat.plan import Plan
 
-__all__ = ["FORMAT", "EmbeddingTableReader", "npy_header"]
+__all__ = ["FORMAT", "EmbeddingTableReader", "Prior", "npy_header", "prior_of"]
 
 _HEAD = 4096
 """Bytes read for a ``.npy`` header: enough for any header numpy writes for a 2-d array."""
@@ -72,6 +75,32 @@ def npy_header(head: bytes, url: str) -> tuple[tuple[int, ...], np.dtype[Any], i
     return shape, dtype, start + length
 
 
+class Prior(Section):
+    """Embedding tables as clip-retrieval writes them, for a diffusion prior (DALLE2-pytorch's `PriorEmbeddingDataset`).
+
+    Shard `0003` is `img_emb/img_emb_0003.npy`, `text_emb/text_emb_0003.npy` and
+    `metadata/metadata_0003.parquet` under the root, row-aligned; a record is one row.
+    """
+
+    dim: PositiveInt
+    """Embedding width, of image and text alike (768 for ViT-L/14)."""
+    dtype: Literal["float16", "float32", "float64"] = "float16"
+    text: bool = True
+    """Text-conditioned: read `text_emb` beside `img_emb` (false: the unconditioned prior, image side only)."""
+    captions: bool = True
+    """Read each row's `caption` from `metadata/metadata_NNNN.parquet`."""
+    validation_rows: tuple[NonNegativeInt, NonNegativeInt] | None = None
+    """Global rows `[start, end)` (over the shards in order) that are the validation split; training reads
+    every other row. Declared here, the split is the same for any world size."""
+
+
+def prior_of(plan: Plan) -> Prior:
+    """The ``prior`` section of an embedding_table plan."""
+    if not isinstance(plan.options, Prior):
+        raise ShardError(f"{plan.name}: an embedding_table entry needs its prior section")
+    return plan.options
+
+
 class EmbeddingTableReader:
     """Rows of an entry's embedding tables by index: this split's rows only, shards in order."""
 
@@ -80,9 +109,7 @@ class EmbeddingTableReader:
     def __init__(self, plan: Plan) -> None:
         import numpy as np
 
-        if plan.prior is None:
-            raise ShardError(f"{plan.name}: an embedding_table entry needs its prior section")
-        self.name, self.prior = plan.name, plan.prior
+        self.name, self.prior = plan.name, prior_of(plan)
         self.storage_options = dict(plan.storage_options)
         self.shards = tuple(s.name for s in plan.shards)
         root = plan.root.rstrip("/")
@@ -241,7 +268,8 @@ class EmbeddingTableReader:
             raise ValueError("its image embedding is all zeros (a row the embedding job could not compute)")
         if text is not None:
             out["text_embedding"] = np.frombuffer(text, dtype=self.dtype).astype(np.float32)
-        out["caption"] = caption
+        if self.prior.captions:
+            out["caption"] = str(caption or "")
         return out
 
 
@@ -252,8 +280,7 @@ def _names_a_number(shard: str) -> bool:
 
 
 def _contract(plan: Plan) -> list[str]:
-    prior = plan.prior
-    if prior is None:
+    if not isinstance(prior := plan.options, Prior):
         return []
     lines = [
         f"Shard N is img_emb/img_emb_N.npy, a plain (never pickled) {prior.dtype} array [rows, {prior.dim}]"
@@ -267,15 +294,23 @@ def _contract(plan: Plan) -> list[str]:
     return lines
 
 
+def _declares_validation(options: BaseModel) -> bool:
+    return isinstance(options, Prior) and options.validation_rows is not None
+
+
 FORMAT = Format(
     EmbeddingTableReader,
     "random",
     ("rows",),
     _contract,
-    needs=("location", "prior"),
-    sections=("prior",),
+    section="prior",
+    options=Prior,
+    arrays=("image_embedding", "text_embedding"),
+    val_batches=False,
+    own_validation=_declares_validation,
     names_a_shard=_names_a_number,
     shards_are='its shards are file numbers, e.g. shards: "{0000..0009}" for img_emb/img_emb_0000.npy ...',
     rows=True,
     hint="Embedding tables need numpy and pyarrow: pip install 'datacat[images,parquet]'",
+    doc=__doc__ or "",
 )

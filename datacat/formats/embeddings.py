@@ -120,5 +120,12 @@ def _contract(plan: Plan) -> list[str]:
 
 
 FORMAT = Format(
-    EmbeddingsReader, "stream", ("members",), _contract, needs=("location", "embeddings"), sections=("embeddings",)
+    EmbeddingsReader,
+    "stream",
+    ("members",),
+    _contract,
+    needs=("location", "embeddings"),
+    sections=("embeddings",),
+    arrays=("embedding",),
+    doc=__doc__ or "",
 )

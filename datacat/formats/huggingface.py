@@ -185,4 +185,5 @@ FORMAT = Format(
     ("rows",),
     _contract,
     hint="Hugging Face datasets need the datasets library: pip install 'datacat[hf]'",
+    doc=__doc__ or "",
 )

@@ -99,4 +99,5 @@ FORMAT = Format(
     shards_are='its shards are folders of images, e.g. shards: [train] or "{00..09}" (every image under each, '
     "recursively, with a .txt caption beside it)",
     counted="at_open",
+    doc=__doc__ or "",
 )

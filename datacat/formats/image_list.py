@@ -137,4 +137,5 @@ FORMAT = Format(
     names_a_shard=_names_a_table,
     shards_are="its shards are tables (.csv, .tsv or .parquet) with a column of image paths, e.g. shards: images.csv",
     counted="at_open",
+    doc=__doc__ or "",
 )

@@ -22,7 +22,7 @@ import re
 import struct
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
@@ -625,4 +625,10 @@ def _contract(plan: Plan) -> list[str]:
     ]
 
 
-FORMAT = Format(open_tars, "indexed", ("members",), _contract)
+def _shard_facts(plan: Plan, sizes: Mapping[str, int]) -> Callable[[int], ShardFacts]:
+    return TarStream(plan).index_shard
+
+
+FORMAT = Format(
+    open_tars, "indexed", ("members",), _contract, arrays=("embedding",), shard_facts=_shard_facts, doc=__doc__ or ""
+)

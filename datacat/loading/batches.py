@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from datacat.loading.collate import collate_numpy
+from datacat.loading.collate import array_keys, collate_numpy
 from datacat.loading.contracts import Records
 from datacat.loading.epochs import cumulative
 from datacat.loading.sources import Fetched
@@ -51,6 +51,7 @@ class BatchView:
         allocate: Allocate | None = None,
     ) -> None:
         self.view = view  # an EpochView, or a MixtureView
+        self.arrays = array_keys(view.source.plan)
         self.image_size = view.image_size
         self.allocate = allocate
         self.starts = cumulative(view.schedule.batch_sizes)
@@ -132,7 +133,7 @@ class BatchView:
         retries, self._retried = retry_count() - self._retried, retry_count()
         if os.getpid() == self._origin:
             retries = 0
-        collated = collate_numpy(samples, images)
+        collated = collate_numpy(samples, images, self.arrays)
         return {"batch": collated, "marks": marks, "retries": retries}
 
 

@@ -6,11 +6,27 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["collate_numpy"]
+from datacat.plan import Plan
+from datacat.registry import MIXTURE, format_of
+
+__all__ = ["array_keys", "collate_numpy"]
 
 
-def collate_numpy(samples: list[dict[str, Any]], images: np.ndarray | None) -> dict[str, Any]:
-    """A batch of samples as numpy arrays (image, label, embeddings) and lists (caption, key, tokens).
+def array_keys(plan: Plan) -> tuple[str, ...]:
+    """The batch keys of ``plan`` that hold one array per sample: ``image``, ``label`` and its format's arrays.
+
+    A mixture's are those of its components together.
+    """
+    if plan.format == MIXTURE:
+        found = [key for component in plan.components for key in array_keys(component.plan)]
+        return tuple(dict.fromkeys(found))
+    return ("image", "label", *format_of(plan.format).arrays)
+
+
+def collate_numpy(
+    samples: list[dict[str, Any]], images: np.ndarray | None, arrays: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A batch of samples as numpy arrays (image, label, the format's ``arrays``) and lists (caption, key, tokens).
 
     ``images`` is the batch array the samples' images were resized into, a
     row per fetched record (None for embedding-table rows, which have no
@@ -25,15 +41,13 @@ def collate_numpy(samples: list[dict[str, Any]], images: np.ndarray | None) -> d
             if pixels.shape != images.shape[1:] or not np.may_share_memory(pixels, images[row]):
                 images[row] = pixels  # a row after a bad sample, or an image made elsewhere (augmented)
         batch["image"] = images[: len(samples)]
-    for name in ("image_embedding", "text_embedding"):
-        if samples and name in samples[0]:
+    for name in arrays:
+        if name not in ("image", "label") and samples and name in samples[0]:
             batch[name] = np.stack([s[name] for s in samples])
     if not samples or "caption" in samples[0]:  # image-only entries have none
         batch["caption"] = [s["caption"] for s in samples]
     if samples and "label" in samples[0]:
         batch["label"] = np.asarray([s["label"] for s in samples], dtype=np.int64)
-    if samples and "embedding" in samples[0]:
-        batch["embedding"] = np.stack([s["embedding"] for s in samples])
     if samples and "tokens" in samples[0]:
         batch["tokens"] = [s["tokens"] for s in samples]
     if samples and "component" in samples[0]:

@@ -22,24 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from datacat.cache import cache_dir
+from datacat.plan import ShardFacts
 
 __all__ = ["Manifest", "ShardFacts", "load_manifest", "save_index", "save_manifest"]
 
 VERSION = 1
-
-
-@dataclasses.dataclass
-class ShardFacts:
-    """One shard as last read: its records and bytes, a checksum if verified, its tar index file if any."""
-
-    name: str
-    records: int
-    url: str = ""
-    bytes: int | None = None
-    checksum: str | None = None
-    index: str | None = None
-    """File name (under the cache dir's ``tar-index``) of the shard's sample spans, int64 [records, 2]."""
-    compressed: bool = False
 
 
 @dataclasses.dataclass

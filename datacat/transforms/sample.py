@@ -20,7 +20,7 @@ from datacat.transforms.captions import Tokenize, caption_from_label, class_name
 from datacat.transforms.decode import decode_image
 from datacat.transforms.resize import resize_image
 
-__all__ = ["EmbeddingRowTransform", "ImageTransform", "transform_for"]
+__all__ = ["ImageTransform", "RowTransform", "transform_for"]
 
 
 class ImageTransform:
@@ -45,6 +45,7 @@ class ImageTransform:
         if plan.record.layout == "tf_example" and not self.names_path:  # TFDS writes the names beside the shards
             self.names_path = plan.root.rstrip("/") + "/label.labels.txt"
         self.tokenize = tokenize
+        self.arrays = format_of(plan.format).arrays
 
     def __repr__(self) -> str:
         return f"ImageTransform({self.name!r}, size={self.size}, resize={self.resize!r}, augment={self.augment}, seed={self.seed})"
@@ -84,41 +85,45 @@ class ImageTransform:
             )
         if label is not None:
             sample["label"] = int(label)
-        if record.get("embedding") is not None:
-            sample["embedding"] = record["embedding"]
+        for name in self.arrays:
+            if record.get(name) is not None:
+                sample[name] = record[name]
         if self.tokenize is not None and caption is not None:
             sample["tokens"] = self.tokenize(caption)
         return sample
 
 
-class EmbeddingRowTransform:
-    """One embedding-table row as a sample: ``image_embedding``, ``text_embedding``, ``caption``, ``key``; no image.
+class RowTransform:
+    """One record without an image as a sample: its ``key``, its ``caption`` if it has one, and the format's arrays.
 
-    Nothing is drawn: a prior's rows are used as they are.
+    For formats declaring ``rows`` (embedding tables, a plugin's vectors).
+    Nothing is drawn: rows are used as they are.
     """
 
     def __init__(self, plan: Plan, *, tokenize: Tokenize | None = None) -> None:
         self.name = plan.name
-        self.captions = plan.prior is not None and plan.prior.captions
+        self.arrays = format_of(plan.format).arrays
         self.tokenize = tokenize
 
     def __repr__(self) -> str:
-        return f"EmbeddingRowTransform({self.name!r})"
+        return f"RowTransform({self.name!r}, arrays={self.arrays})"
 
     def __call__(self, record: Mapping[str, Any], *, epoch: int = 0, into: np.ndarray | None = None) -> dict[str, Any]:
         """The sample of one row (``into`` is for images: a row has none)."""
-        sample: dict[str, Any] = {"key": str(record["__key__"]), "image_embedding": record["image_embedding"]}
-        if record.get("text_embedding") is not None:
-            sample["text_embedding"] = record["text_embedding"]
-        if self.captions:
-            sample["caption"] = str(record.get("caption") or "")
+        sample: dict[str, Any] = {"key": str(record["__key__"])}
+        for name in self.arrays:
+            if record.get(name) is not None:
+                sample[name] = record[name]
+        caption = record.get("caption")
+        if caption is not None:
+            sample["caption"] = str(caption)
             if self.tokenize is not None:
                 sample["tokens"] = self.tokenize(sample["caption"])
         return sample
 
 
-def transform_for(plan: Plan, *, tokenize: Tokenize | None = None) -> ImageTransform | EmbeddingRowTransform:
-    """The transform of ``plan``'s records: images, or the rows of embedding tables."""
+def transform_for(plan: Plan, *, tokenize: Tokenize | None = None) -> ImageTransform | RowTransform:
+    """The transform of ``plan``'s records: images, or rows without one (embedding tables)."""
     if format_of(plan.format).rows:
-        return EmbeddingRowTransform(plan, tokenize=tokenize)
+        return RowTransform(plan, tokenize=tokenize)
     return ImageTransform(plan, tokenize=tokenize)
