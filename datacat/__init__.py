@@ -20,7 +20,8 @@ from datacat.loading.contracts import Loader
 from datacat.loading.options import JaxOptions, LoadOptions, TorchOptions
 from datacat.plan import Plan
 from datacat.planning import resolve
-from datacat.schema import Entry
+from datacat.registry import Format, register_format
+from datacat.schema import Entry, Section
 
 __all__ = [
     "BackendUnavailable",
@@ -29,16 +30,19 @@ __all__ = [
     "DatacatError",
     "Entry",
     "EntryNotFound",
+    "Format",
     "JaxOptions",
     "LoadOptions",
     "Loader",
     "OptionError",
     "Plan",
+    "Section",
     "ShardError",
     "TorchOptions",
     "describe",
     "load_catalog",
     "open",
+    "register_format",
     "resolve",
 ]
 __version__ = "0.1.0"
