@@ -18,10 +18,11 @@ LINTED = ("datacat", "tests", "scripts", "benchmarks", "noxfile.py")
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests, scripts and this file."""
-    session.install("ruff")
+    """ruff over the package, tests, scripts and this file; import-linter's layers contract over datacat/."""
+    session.install(*CONSTRAINTS, "ruff", "import-linter", "-e", ".")
     session.run("ruff", "check", *LINTED)
     session.run("ruff", "format", "--check", "--diff", *LINTED)
+    session.run("lint-imports")
 
 
 @nox.session
