@@ -56,6 +56,7 @@ def jpegs(n: int) -> list[bytes]:
 def build(folder: Path, count: int, pool: list[bytes]) -> None:
     """``count`` records in SHARDS tars and SHARDS ArrayRecord shards under folder, and their catalog."""
     from array_record.python import array_record_module
+
     from shards import write_sample  # benchmarks/, this script's folder
 
     (folder / "tar").mkdir(parents=True)

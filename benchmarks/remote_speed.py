@@ -160,8 +160,9 @@ def main() -> None:
         child(args)
         return
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    from loader_speed import build_corpus
     from storage_servers import Emulator, FaultProxy
+
+    from loader_speed import build_corpus
 
     labels = [label for label in LOADERS if not args.only or label in args.only.split(";")]
     delays = [int(d) for d in args.delays.split(",")]
