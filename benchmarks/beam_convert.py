@@ -3,7 +3,7 @@
     python benchmarks/beam_convert.py [--images 1200] [--workers 2] [--layout packed] [--records-per-shard 100] [--rounds 1]
 
 Builds a corpus of real photos as webdataset tars (JPEGs of 0.2-1 MP, as
-``loader_speed.py`` makes them), then converts it to ArrayRecord twice:
+``corpus.py`` makes them for ``loader_speed.py``), then converts it to ArrayRecord twice:
 
 - **plain loop**: one process reads every record in order, decodes it (a
   record that does not decode is left out, as the job does), packs it and

@@ -46,8 +46,10 @@ VM's speed swings. Then it prints, in one run:
 
 Each stream runs in a process of its own, after a wait (bounded) for a quiet
 machine; a stream during whose steady epochs the hypervisor stole > 10 % of
-the machine is run again once. Loaders alternate over ``--rounds``; the figures
-are medians over rounds.
+the machine is run again once. Loaders alternate over ``--rounds``; the tables
+show medians over rounds [min-max], and benchmarks/results/loader_speed.json
+keeps every round. The corpus is corpus.py's, the decode methods decodes.py's,
+the limit's passes limit.py's and the contenders contenders.py's.
 """
 
 from __future__ import annotations

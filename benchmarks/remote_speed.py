@@ -4,7 +4,7 @@
 
 GCS answers in 30-100 ms; one blocking GET per record caps a worker at
 1/latency records/s. This builds a corpus of real-photo JPEGs (0.2-1 MP,
-as benchmarks/loader_speed.py does), uploads it as tars and ArrayRecord
+as benchmarks/corpus.py makes them), uploads it as tars and ArrayRecord
 shards to a local gcp-storage-emulator (tests/storage_servers.py: threaded,
 suffix ranges as GCS serves them), and runs each loader in its own process
 against a proxy with delay D, side by side in one run:

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ROOT = HERE.parent
 
-JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
+JSON: TypeAlias = "Mapping[str, JSON] | Sequence[JSON] | str | int | float | bool | None"
 # Read from the installed distributions' metadata, so nothing is imported: a torch-free run stays torch-free.
 PACKAGES = (
     "numpy",
