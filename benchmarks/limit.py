@@ -15,9 +15,8 @@ import numpy as np
 
 from decodes import METHODS, psnr, reference
 
-# The forked-process pass decodes the corpus this many times over: over one corpus (~1.7 s) it read ~5 % low
-# (1.79-2.08x one core, mean 1.91, against 1.74-2.14x, mean 2.00, over four, in the same 4 rounds here): the
-# children's first images and the wait for the later of the two weigh on so short a pass.
+# The forked-process pass decodes the corpus this many times over: over one corpus (~1.7 s) it reads ~5 % low,
+# the children's first images and the wait for the later of the two weighing on so short a pass.
 TOGETHER_PASSES = 4
 CALIBRATION_ROUNDS = 5  # rounds of paired one-core passes that choose the limit's method
 
@@ -81,9 +80,8 @@ def calibrate(jpegs: list[bytes]) -> dict[str, float | str]:
     compared pass against pass: five rounds of back-to-back passes of every
     method but PIL's (one pass: it runs at a quarter of the others' speed),
     each rate over the same round's fast-decode pass, the median of those
-    ratios deciding. Medians of three rates each once picked the fast
-    decode over datacat's transform, 550/s against 547/s, where the two
-    usually differ by 1.1-1.2x: the limit fell to the slower method.
+    ratios deciding: medians of a few rates alone can pick the slower of
+    two methods whose difference is smaller than the drift between passes.
     """
     import cv2
 
