@@ -1,9 +1,9 @@
 """Throughput of ``datacat convert`` on Beam's DirectRunner next to a plain single-process loop, in one run.
 
-    python benchmarks/beam_convert.py [--images 1200] [--workers 2] [--layout packed] [--records-per-shard 100]
+    python benchmarks/beam_convert.py [--images 1200] [--workers 2] [--layout packed] [--records-per-shard 100] [--rounds 1]
 
 Builds a corpus of real photos as webdataset tars (JPEGs of 0.2-1 MP, as
-``loader_speed.py`` makes them), then converts it to ArrayRecord twice:
+``corpus.py`` makes them for ``loader_speed.py``), then converts it to ArrayRecord twice:
 
 - **plain loop**: one process reads every record in order, decodes it (a
   record that does not decode is left out, as the job does), packs it and
@@ -14,7 +14,9 @@ Builds a corpus of real photos as webdataset tars (JPEGs of 0.2-1 MP, as
   an empty job on the same runner is timed too, to show that start-up.
 
 It prints images/s of each, their ratio, and whether both wrote the same
-bytes (they must: a shard's bytes depend only on its number).
+bytes (they must: a shard's bytes depend only on its number). With
+``--rounds`` the three runs alternate again, each into a fresh folder; the
+table shows medians over rounds [min-max], ratios taken inside each round.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from loader_speed import build_corpus  # noqa: E402
+from corpus import build_corpus  # noqa: E402
+from results import median_spread, spread, write_results  # noqa: E402
 
 
 def plain_loop(catalog: object, out: Path, layout: str, per_shard: int) -> float:
@@ -97,6 +100,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--layout", choices=["packed", "pre_resized"], default="packed")
     parser.add_argument("--records-per-shard", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
 
     import datacat
@@ -114,20 +118,56 @@ def main() -> None:
         from datacat.loading.sources import SampleSource
 
         SampleSource(datacat.resolve("bench", catalog=catalog))
-        loop = plain_loop(catalog, folder / "loop", args.layout, args.records_per_shard)
-        beam = on_beam(catalog, folder / "beam", args.layout, args.records_per_shard, args.workers)
-        empty = start_up(args.workers)
-        same = digests(folder / "loop") == digests(folder / "beam")
+        loops, beams, empties, same = [], [], [], True
+        for round_ in range(args.rounds):
+            here = folder / f"round{round_}"
+            loops.append(plain_loop(catalog, here / "loop", args.layout, args.records_per_shard))
+            beams.append(on_beam(catalog, here / "beam", args.layout, args.records_per_shard, args.workers))
+            empties.append(start_up(args.workers))
+            same = same and digests(here / "loop") == digests(here / "beam")
+            print(
+                f"round {round_ + 1}: loop {loops[-1]:.1f} s, DirectRunner {beams[-1]:.1f} s, empty job {empties[-1]:.1f} s"
+            )
     n = args.images
+    rate = [n / t for t in loops], [n / t for t in beams]
+    net = [n / max(b - e, 1e-9) for b, e in zip(beams, empties, strict=True)]
+    rows = [
+        ["run", "img/s", "seconds", "/ the loop's img/s"],
+        ["plain single-process loop", median_spread(rate[0], 1), median_spread(loops, 2), ""],
+        [
+            f"DirectRunner, {args.workers} workers (Beam start-up included)",
+            median_spread(rate[1], 1),
+            median_spread(beams, 2),
+            median_spread([lp / b for lp, b in zip(loops, beams, strict=True)], 2, "x"),
+        ],
+        ["an empty job on the same runner", "", median_spread(empties, 2), ""],
+        [
+            "DirectRunner less the empty job",
+            median_spread(net, 1),
+            "",
+            median_spread([m * lp / n for m, lp in zip(net, loops, strict=True)], 2, "x"),
+        ],
+    ]
     print(f"convert {n} images ({args.layout}, {args.records_per_shard} per shard) on {args.workers} worker(s):")
-    print(f"  plain single-process loop   {n / loop:7.1f} img/s  ({loop:.1f} s)")
-    print(f"  DirectRunner, {args.workers} workers     {n / beam:7.1f} img/s  ({beam:.1f} s, Beam start-up included)")
-    print(f"  ratio DirectRunner / loop   {loop / beam:7.2f}x")
-    print(
-        f"  an empty job on the same runner takes {empty:.1f} s; without it: {n / max(beam - empty, 1e-9):.1f} img/s, "
-        f"{loop / max(beam - empty, 1e-9):.2f}x the loop"
-    )
     print(f"  same bytes written: {same}")
+    write_results(
+        "beam_convert",
+        {
+            "loop_s": spread(loops),
+            "direct_runner_s": spread(beams),
+            "empty_job_s": spread(empties),
+            "direct_runner_over_loop": spread([lp / b for lp, b in zip(loops, beams, strict=True)]),
+            "same_bytes": same,
+        },
+        rounds=args.rounds,
+        method={
+            "images": n,
+            "workers": args.workers,
+            "layout": args.layout,
+            "records_per_shard": args.records_per_shard,
+        },
+        tables={f"datacat convert of {n} images ({args.layout}), medians over rounds [min-max]": rows},
+    )
 
 
 if __name__ == "__main__":

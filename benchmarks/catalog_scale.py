@@ -7,7 +7,7 @@ Writes an ArrayRecord entry on gs:// with ``--shards`` shards and a
 them), then times `datacat describe` in a fresh process ``--runs`` times
 (imports included, no storage touched) and prints the median and the
 range: the machine is noisy, one run says little. Then times, in this
-process, the first batch's record indices of the last rank's last worker
+process, ``--runs`` times, the first batch's record indices of the last rank's last worker
 of 64 ranks x 8 workers over a 4-component, 30M-record mixture, and the
 memory that took.
 """
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import median_spread, spread, write_results
 
 
 def write_entry(folder: Path, shards: int) -> Path:
@@ -76,12 +79,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="datacat-scale-") as tmp:
         catalog = write_entry(Path(tmp), args.shards)
         times = time_describe(catalog, args.runs)
-    print(
-        f"datacat describe, {args.shards} shards with per_shard: median {statistics.median(times):.2f} s "
-        f"(min {min(times):.2f}, max {max(times):.2f}, {args.runs} runs, fresh process each)"
+    mixtures = [time_mixture() for _ in range(args.runs)]
+    took, peak = [m[0] for m in mixtures], [m[1] for m in mixtures]
+    rows = [
+        ["figure", "median [min-max]"],
+        [f"`datacat describe`, {args.shards} shards with per_shard, fresh process", median_spread(times, 2, " s")],
+        ["30M-record 4-component mixture, last worker of 64 x 8: first batch's draws", median_spread(took, 3, " s")],
+        ["the same: peak memory traced", median_spread(peak, 1, " MiB")],
+    ]
+    write_results(
+        "catalog_scale",
+        {"describe_s": spread(times), "mixture_first_batch_s": spread(took), "mixture_peak_mib": spread(peak)},
+        rounds=args.runs,
+        method={"shards": args.shards, "runs": args.runs},
+        tables={"Start-up costs that grow with a catalog": rows},
     )
-    took, peak = time_mixture()
-    print(f"30M-record 4-component mixture, last worker of 64 x 8: first batch's draws in {took:.3f} s, {peak:.1f} MiB")
 
 
 if __name__ == "__main__":

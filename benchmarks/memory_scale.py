@@ -1,6 +1,6 @@
 """Memory against dataset size: each loader's resident memory over one epoch of 1k, 10k and 100k records.
 
-    python benchmarks/memory_scale.py [--counts 1000,10000,100000] [--workers 2] [--batch 64]
+    python benchmarks/memory_scale.py [--counts 1000,10000,100000] [--workers 2] [--batch 64] [--rounds 1]
 
 Writes one dataset per count (small JPEGs, 10 shards, as webdataset tars
 and ArrayRecord shards, per-shard counts declared), then, for each of
@@ -13,7 +13,9 @@ follows the records (a key list, a permutation array, a ledger of every
 sample) shows it from 1k to 100k records. Each run is a first open: the
 tars are indexed in it (into a cache of the run's own, removed after).
 Images are 48 px JPEGs loaded at 32 px, so 100k records take seconds:
-memory is measured here, not speed.
+memory is measured here, not speed. With ``--rounds`` the loaders run
+again in turn; the table shows medians over rounds [min-max], and
+benchmarks/results/memory_scale.json keeps every round.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from results import JSON, median_spread, spread, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 10
@@ -56,6 +60,7 @@ def jpegs(n: int) -> list[bytes]:
 def build(folder: Path, count: int, pool: list[bytes]) -> None:
     """``count`` records in SHARDS tars and SHARDS ArrayRecord shards under folder, and their catalog."""
     from array_record.python import array_record_module
+
     from shards import write_sample  # benchmarks/, this script's folder
 
     (folder / "tar").mkdir(parents=True)
@@ -138,6 +143,7 @@ def main() -> None:
     parser.add_argument("--counts", default="1000,10000,100000")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,23 +159,47 @@ def main() -> None:
             f"{len(counts)} datasets of {', '.join(map(str, counts))} records, {SHARDS} shards each; "
             f"batch {args.batch}, {args.workers} workers; one epoch each, in a fresh process\n"
         )
-        print(f"  {'loader':28s} {'records':>8s} {'main peak MB':>13s} {'workers peak MB':>16s} {'growth MB':>10s}")
-        for label in LOADERS:
-            for count in counts:
-                command = [sys.executable, __file__, "--child", label, "--folder", str(Path(tmp) / str(count))]
-                command += ["--workers", str(args.workers), "--batch", str(args.batch)]
-                env = {**os.environ, "PYTHONWARNINGS": "ignore", "DATACAT_CACHE": str(Path(tmp) / "cache")}
-                done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=tmp)
-                line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-                if line is None:
-                    sys.exit(f"{label} over {count} records failed:\n{done.stderr[-3000:]}")
-                r = json.loads(line[len("RESULT ") :])
-                if r["records"] != count:
-                    sys.exit(f"{label} read {r['records']} of {count} records")
-                print(
-                    f"  {label:28s} {count:8d} {r['main_peak_mb']:13.0f} {r['workers_peak_mb']:16.0f} "
-                    f"{r['growth_mb']:10.1f}"
-                )
+        rounds: dict[tuple[str, int], list[dict[str, float]]] = {(label, c): [] for label in LOADERS for c in counts}
+        for round_ in range(args.rounds):
+            for label in LOADERS:
+                for count in counts:
+                    r = measure(label, count, Path(tmp), round_, args)
+                    rounds[(label, count)].append(r)
+                    print(
+                        f"  round {round_ + 1}: {label}, {count} records: main peak {r['main_peak_mb']:.0f} MB, "
+                        f"workers peak {r['workers_peak_mb']:.0f} MB, growth {r['growth_mb']:.1f} MB",
+                        flush=True,
+                    )
+    rows = [["loader", "records", "main peak MB", "workers peak MB", "growth in the epoch MB"]]
+    figures: dict[str, JSON] = {}
+    for (label, count), runs in rounds.items():
+        keys = ("main_peak_mb", "workers_peak_mb", "growth_mb")
+        figures[f"{label}, {count} records"] = {k: spread([r[k] for r in runs]) for k in keys}
+        rows.append(
+            [label, str(count), *(median_spread([r[k] for r in runs], 1 if k == "growth_mb" else 0) for k in keys)]
+        )
+    write_results(
+        "memory_scale",
+        figures,
+        rounds=args.rounds,
+        method={"counts": counts, "shards": SHARDS, "workers": args.workers, "batch": args.batch, "image_px": 32},
+        tables={"Resident memory over one epoch, medians over rounds [min-max]": rows},
+    )
+
+
+def measure(label: str, count: int, tmp: Path, round_: int, args: argparse.Namespace) -> dict[str, float]:
+    """One epoch of ``label`` over the dataset of ``count`` records, in a fresh process (a cache of the round's own)."""
+    command = [sys.executable, __file__, "--child", label, "--folder", str(tmp / str(count))]
+    command += ["--workers", str(args.workers), "--batch", str(args.batch)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "DATACAT_CACHE": str(tmp / f"cache-{round_}")}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=tmp)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{label} over {count} records failed:\n{done.stderr[-3000:]}")
+    r: dict[str, float] = json.loads(line[len("RESULT ") :])
+    if r["records"] != count:
+        sys.exit(f"{label} read {r['records']} of {count} records")
+    return r
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Loaders on a bucket: the GCS emulator behind a proxy that delays each response's first byte by D ms.
 
-    python benchmarks/remote_speed.py [--images 600] [--delays 0,30,80] [--workers 2] [--batch 32]
+    python benchmarks/remote_speed.py [--images 600] [--delays 0,30,80] [--workers 2] [--batch 32] [--rounds 1]
 
 GCS answers in 30-100 ms; one blocking GET per record caps a worker at
 1/latency records/s. This builds a corpus of real-photo JPEGs (0.2-1 MP,
-as benchmarks/loader_speed.py does), uploads it as tars and ArrayRecord
+as benchmarks/corpus.py makes them), uploads it as tars and ArrayRecord
 shards to a local gcp-storage-emulator (tests/storage_servers.py: threaded,
 suffix ranges as GCS serves them), and runs each loader in its own process
 against a proxy with delay D, side by side in one run:
@@ -19,6 +19,9 @@ included, with an empty cache: the tar index is built then),
 requests per image (every request the proxy saw, listing and index
 included), and the ratios the issue asks for: each loader at D=80 against
 itself at D=0, and datacat at D=80 against the usual grain pipeline at D=80.
+With ``--rounds`` every loader runs again at every delay, each stream with an
+empty cache; the tables show medians over rounds [min-max], ratios taken
+inside each round, and benchmarks/results/remote_speed.json keeps every round.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
+
+from results import JSON, median_spread, spread, write_results  # noqa: E402
 
 SIZE = 256
 EPOCHS = 2
@@ -153,6 +158,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--only", default="", help="loader labels to run, separated by ;")
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,56 +166,113 @@ def main() -> None:
         child(args)
         return
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    from loader_speed import build_corpus
     from storage_servers import Emulator, FaultProxy
+
+    from corpus import build_corpus
 
     labels = [label for label in LOADERS if not args.only or label in args.only.split(";")]
     delays = [int(d) for d in args.delays.split(",")]
     emulator = Emulator().start()
-    results: dict[tuple[str, int], dict[str, Any]] = {}
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {(label, d): [] for label in labels for d in delays}
     with tempfile.TemporaryDirectory(prefix="datacat-remote-") as tmp:
         folder = Path(tmp)
         build_corpus(folder, args.images, args.shards)
         write_catalog(folder, args.shards)
         upload(folder, emulator.url)
-        for delay in delays:
-            proxy = FaultProxy(emulator.url, delay=delay / 1000).start()
-            for label in labels:
-                cache = folder / f"cache-{delay}-{label.replace(' ', '_').replace(',', '')}"
-                env = {
-                    **os.environ,
-                    "PYTHONWARNINGS": "ignore",
-                    "STORAGE_EMULATOR_HOST": proxy.url,
-                    "CLOUD_STORAGE_EMULATOR_ENDPOINT": proxy.url,
-                    "DATACAT_CACHE": str(cache),
-                }
-                command = [sys.executable, __file__, "--child", label, "--folder", str(folder)]
-                command += ["--workers", str(args.workers), "--batch", str(args.batch), "--shards", str(args.shards)]
-                proxy.reset_counts()
-                done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=900)
-                line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-                if line is None:
-                    sys.exit(f"{label} at D={delay} failed:\n{done.stderr[-3000:]}")
-                result = json.loads(line[len("RESULT ") :])
-                result["requests"] = proxy.requests / result["images"]
-                results[(label, delay)] = result
-                print(
-                    f"D={delay:3d} ms  {label:28s} {result['rate']:6.1f} img/s  first batch {result['first']:5.2f} s  "
-                    f"{result['requests']:.3f} requests/image"
-                    + (f"  retries {result['retries']}" if "retries" in result else ""),
-                    flush=True,
-                )
-            proxy.stop()
+        for round_ in range(args.rounds):
+            for delay in delays:
+                proxy = FaultProxy(emulator.url, delay=delay / 1000).start()
+                for label in labels:
+                    cache = folder / f"cache-{round_}-{delay}-{label.replace(' ', '_').replace(',', '')}"
+                    result = measure(label, delay, cache, proxy, args)
+                    results[(label, delay)].append(result)
+                    print(
+                        f"round {round_ + 1} D={delay:3d} ms  {label:28s} {result['rate']:6.1f} img/s  "
+                        f"first batch {result['first']:5.2f} s  {result['requests']:.3f} requests/image"
+                        + (f"  retries {result['retries']}" if "retries" in result else ""),
+                        flush=True,
+                    )
+                proxy.stop()
     emulator.stop()
+    report(results, labels, delays, args)
+
+
+def measure(label: str, delay: int, cache: Path, proxy: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Two epochs of ``label`` in a fresh process through ``proxy``, with an empty cache."""
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "STORAGE_EMULATOR_HOST": proxy.url,
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": proxy.url,
+        "DATACAT_CACHE": str(cache),
+    }
+    command = [sys.executable, __file__, "--child", label, "--folder", str(cache.parent)]
+    command += ["--workers", str(args.workers), "--batch", str(args.batch), "--shards", str(args.shards)]
+    proxy.reset_counts()
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=900)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{label} at D={delay} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    result["requests"] = proxy.requests / result["images"]
+    return result
+
+
+def report(
+    results: dict[tuple[str, int], list[dict[str, Any]]], labels: list[str], delays: list[int], args: argparse.Namespace
+) -> None:
+    """The loaders' figures at each delay and the issue's ratios, each taken inside its round."""
     high, low = max(delays), min(delays)
     usual = results.get(("usual grain, ArrayRecord", high))
-    print(f"\n{args.images} JPEGs, {SIZE} px, batch {args.batch}, {args.workers} workers; ratios from this run:")
+    rows = [["loader", "D ms", "img/s (2nd epoch)", "first batch s", "requests/image", "retries"]]
+    figures: dict[str, JSON] = {}
+    for (label, delay), runs in results.items():
+        figure = {k: spread([r[k] for r in runs]) for k in ("rate", "first", "requests")}
+        retries = [r["retries"] for r in runs if "retries" in r]
+        if retries:
+            figure["retries"] = spread(retries)
+        figures[f"{label}, D={delay}"] = figure
+        rows.append(
+            [
+                label,
+                str(delay),
+                median_spread([r["rate"] for r in runs], 1),
+                median_spread([r["first"] for r in runs], 2),
+                median_spread([r["requests"] for r in runs], 3),
+                median_spread(retries) if retries else "",
+            ]
+        )
+    ratios = [["loader", f"D={high} / D={low}", f"vs usual grain at D={high}"]]
     for label in labels:
-        mine = results[(label, high)]
-        line = f"  {label:28s} D={high}/D={low}: x{mine['rate'] / results[(label, low)]['rate']:.2f}"
-        if usual is not None and label != "usual grain, ArrayRecord":
-            line += f"   vs usual grain at D={high}: x{mine['rate'] / usual['rate']:.2f}"
-        print(line)
+        mine = [r["rate"] for r in results[(label, high)]]
+        slowed = [m / r["rate"] for m, r in zip(mine, results[(label, low)], strict=True)]
+        versus = (
+            [m / u["rate"] for m, u in zip(mine, usual, strict=True)]
+            if usual and label != "usual grain, ArrayRecord"
+            else []
+        )
+        figures[f"{label}: D={high} over D={low}"] = spread(slowed)
+        if versus:
+            figures[f"{label}: over usual grain at D={high}"] = spread(versus)
+        ratios.append([label, median_spread(slowed, 2, "x"), median_spread(versus, 2, "x") if versus else ""])
+    write_results(
+        "remote_speed",
+        figures,
+        rounds=args.rounds,
+        method={
+            "images": args.images,
+            "shards": args.shards,
+            "delays_ms": delays,
+            "workers": args.workers,
+            "batch": args.batch,
+            "size": SIZE,
+            "epochs": EPOCHS,
+        },
+        tables={
+            f"Loaders on a bucket behind a first-byte delay D, {SIZE} px, medians over rounds [min-max]": rows,
+            "Ratios, each taken inside its round": ratios,
+        },
+    )
 
 
 if __name__ == "__main__":
