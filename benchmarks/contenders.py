@@ -60,7 +60,7 @@ def _usual_grain(folder: Path, epochs: int, workers: int, batch: int, decode) ->
 def _lean_worker(urls: list[str], ring_name: str, shape: tuple[int, ...], tasks: Any, done: Any) -> None:
     from multiprocessing import shared_memory
 
-    from datacat.backends.base import keep_freed_memory
+    from datacat.backends.malloc import keep_freed_memory
 
     keep_freed_memory()
     memory = shared_memory.SharedMemory(name=ring_name)
