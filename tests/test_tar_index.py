@@ -186,7 +186,7 @@ def test_a_missing_fsspec_backend_names_what_to_install(monkeypatch) -> None:
 def test_a_span_reads_the_same_with_or_without_tarfile(fmt: int, tmp_path: Path) -> None:
     import io
 
-    from datacat.formats.webdataset import _plain_members, sample_of_span
+    from datacat.formats.tar import _plain_members, sample_of_span
 
     long_name = "a/" + "x" * 120 + "/0001"  # needs a pax or GNU long-name header, or the ustar prefix
     members = [("d/0001.jpg", b"\xff\xd8" * 700), ("d/0001.txt", "légende".encode()), (f"{long_name}.cls", b"3")]
@@ -237,7 +237,7 @@ def test_indexing_a_shard_holds_no_object_per_member(tmp_path: Path) -> None:
 def test_a_local_shard_indexed_from_its_headers_matches_tarfile(tmp_path: Path, long_name: bool) -> None:
     # Plain ustar headers are read one pread at a time; a header tarfile must read (here a GNU long name)
     # sends the whole shard through tarfile. Either way the spans are tarfile's, byte for byte.
-    from datacat.formats.webdataset import _header_spans, _tarfile_spans, member_spans
+    from datacat.formats.tar import _header_spans, _tarfile_spans, member_spans
 
     path = tmp_path / "0.tar"
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
@@ -275,7 +275,7 @@ def test_indexing_refuses_a_key_that_comes_back_or_a_member_given_twice(tmp_path
 
 
 def test_a_header_checksum_is_the_sum_of_its_bytes(tmp_path: Path) -> None:
-    from datacat.formats.webdataset import _checksum
+    from datacat.formats.tar import _checksum
 
     rng = np.random.default_rng(0)
     headers = [rng.integers(0, 256, 512, dtype=np.uint8).tobytes() for _ in range(200)]
