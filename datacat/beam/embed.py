@@ -23,6 +23,7 @@ import importlib
 import io
 import itertools
 import json
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +34,7 @@ import numpy as np
 import yaml
 
 from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run, text_file, whole_epoch
-from datacat.catalog import Catalog, load_catalog
+from datacat.catalog import Catalog, builtin_catalog_dir, load_catalog
 from datacat.errors import OptionError
 from datacat.plan import Plan
 from datacat.planning import resolve
@@ -74,6 +75,8 @@ class Embedding:
     """Each shard's first record position, then the total."""
     image_dim: int
     text_dim: int | None
+    source_entry: dict[str, Any] | None = None
+    """The embedded entry as the written catalog repeats it (roots absolute), when the built-in catalog lacks it."""
 
     def file(self, kind: str, shard: int, suffix: str = ".npy") -> str:
         return f"{self.out}/{kind}/{kind}_{self.numbers[shard]}{suffix}"
@@ -243,6 +246,8 @@ def entries_yaml(job: Embedding, rows: list[int]) -> str:
         }
     }
     if plan.format == "webdataset":
+        if job.source_entry is not None:  # the image entry the embeddings align with, for the file to load alone
+            entries = {plan.name: job.source_entry, **entries}
         width = len(job.numbers[0]) if job.numbers else 4
         names = [f"img_emb_{n}.npy" for n in job.numbers]
         entries[f"{plan.name}-img-emb"] = {
@@ -254,6 +259,32 @@ def entries_yaml(job: Embedding, rows: list[int]) -> str:
             "embeddings": {"images": plan.name, "prefix": "img_emb_", "shard_width": width, "dim": job.image_dim},
         }
     return "# Written by datacat embed; every count is exact.\n" + yaml.safe_dump(entries, sort_keys=False, width=120)
+
+
+def _source_entry(catalog: Catalog, name: str) -> dict[str, Any] | None:
+    """Entry ``name`` as written in its catalog file, relative local paths made absolute; None for a built-in one.
+
+    Values stay as the file writes them (``${VAR}`` unexpanded): a secret
+    in the environment is not copied into the written catalog.
+    """
+    canonical = catalog.canonical(name)
+    source = catalog.sources[canonical]
+    if source.folder == builtin_catalog_dir().resolve():
+        return None
+    data: dict[str, Any] = catalog[canonical].model_dump(mode="json", exclude_unset=True)
+
+    def anchored(path: str) -> str:
+        if "://" in path or "::" in path or path.startswith("${") or os.path.isabs(os.path.expanduser(path)):
+            return path
+        return os.path.normpath(source.folder / path)
+
+    for location in [data.get("location"), *(data.get("splits") or {}).values()]:
+        if location is not None:
+            location["root"] = anchored(location["root"])
+    captions = (data.get("loading") or {}).get("captions") or {}
+    if captions.get("class_names"):
+        captions["class_names"] = anchored(captions["class_names"])
+    return data
 
 
 def build(pipeline: beam.Pipeline, job: Embedding) -> Any:
@@ -301,7 +332,17 @@ def embed(
         raise OptionError(f"--fn {fn} returned {sorted(probe)}; it must return at least 'image'")
     image_dim = int(np.asarray(probe["image"]).shape[-1])
     text_dim = int(np.asarray(probe["text"]).shape[-1]) if probe.get("text") is not None else None
-    job = Embedding(plan, out.rstrip("/"), fn, batch_size, _numbers(plan), offsets, image_dim, text_dim)
+    job = Embedding(
+        plan,
+        out.rstrip("/"),
+        fn,
+        batch_size,
+        _numbers(plan),
+        offsets,
+        image_dim,
+        text_dim,
+        _source_entry(catalog, name),
+    )
     pipeline = beam.Pipeline(options=options or pipeline_options())
     build(pipeline, job)
     counters = run(pipeline)
