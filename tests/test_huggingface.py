@@ -120,3 +120,50 @@ def test_datacat_count_prints_each_splits_rows(tmp_path: Path) -> None:
     done = CliRunner().invoke(main, ["count", "hfset"], env={"DATACAT_CATALOG": str(tmp_path / "hf.yaml")})
     assert done.exit_code == 0, done.output
     assert f"per_shard: {{train: {ROWS}}}" in done.output
+
+
+def _two_parquet_files(folder: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="needs datasets (the [hf] extra)")
+    features = datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")})
+    (folder / "data").mkdir(parents=True)
+    for part, rows in enumerate((range(0, 7), range(7, 12))):
+        table = datasets.Dataset.from_dict(
+            {"image": [{"bytes": jpeg(i), "path": None} for i in rows], "text": [f"picture {i}" for i in rows]},
+            features=features,
+        )
+        table.to_parquet(str(folder / "data" / f"train-{part:05d}-of-00002.parquet"))
+
+
+def test_parquet_files_named_as_shards_validate_count_and_load_each_row_once(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from datacat.cli import main
+
+    _two_parquet_files(tmp_path / "set")
+    shards = "[data/train-00000-of-00002.parquet, data/train-00001-of-00002.parquet]"
+    (tmp_path / "hf.yaml").write_text(
+        f"hfset: {{description: d, format: huggingface, location: {{root: set, shards: {shards}}}, "
+        "loading: {val_batches: 0, image_size: 16}}\n"
+    )
+    env = {"DATACAT_CATALOG": str(tmp_path / "hf.yaml")}
+    validated = CliRunner().invoke(main, ["validate"], env=env)
+    assert validated.exit_code == 0, validated.output
+    counted = CliRunner().invoke(main, ["count", "hfset"], env=env)
+    assert counted.exit_code == 0, counted.output
+    assert "data/train-00000-of-00002.parquet: 7, data/train-00001-of-00002.parquet: 5" in counted.output
+
+    catalog = datacat.load_catalog([tmp_path / "hf.yaml"], builtin=False)
+    loader = datacat.open("hfset", framework="torch", batch_size=5, catalog=catalog, shuffle=False)
+    captions = [c for batch in loader for c in batch["caption"]]
+    assert sorted(captions) == sorted(f"picture {i}" for i in range(12))  # every row, once
+
+
+def test_a_shard_that_is_neither_a_split_nor_a_parquet_file_is_refused_at_validate(tmp_path: Path) -> None:
+    (tmp_path / "hf.yaml").write_text(
+        "hfset:\n  description: d\n  format: huggingface\n  location: {root: set, shards: [data/train-00000.arrow]}\n"
+    )
+    with pytest.raises(datacat.CatalogError) as raised:
+        datacat.load_catalog([tmp_path / "hf.yaml"], builtin=False)
+    message = str(raised.value)
+    assert "hf.yaml:4" in message and "hfset.location.shards" in message
+    assert "shards: [train]" in message  # the fix

@@ -1,9 +1,11 @@
 """Hugging Face datasets read by index through the ``datasets`` library (the ``datacat[hf]`` extra).
 
-An entry's location names the dataset and its shards name splits:
+An entry's location names the dataset and its shards name splits, or the
+dataset's parquet files themselves (each file one shard):
 
     location: {root: "hf://datasets/owner/name@revision", path: config, shards: [train]}
     location: {root: ./my-parquet-folder, shards: [train]}
+    location: {root: ./my-parquet-folder, shards: [data/train-00000-of-00002.parquet, ...]}
 
 ``hf://datasets/...`` is a hub id (``@revision`` and ``path`` as the config
 name are optional); anything else is a local folder of parquet files,
@@ -22,6 +24,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "HuggingFaceReader", "hub_id"]
 
 HUB = "hf://datasets/"
+_SPLIT = re.compile(r"^\w+(\.\w+)*$")
+"""What ``datasets`` accepts as a split name."""
 
 
 def hub_id(root: str) -> tuple[str, str | None, str | None] | None:
@@ -132,10 +137,19 @@ def _load(root: str, split: str, image_column: str) -> Any:
         if hub is None:
             if not os.path.isdir(root):
                 raise FileNotFoundError(2, f"{root} is not a folder of parquet files; check the entry's root", root)
-            part = datasets.load_dataset(root, split=split)
+            if split.endswith(".parquet"):  # one file of the dataset, as one shard
+                path = os.path.join(root, split)
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(2, f"{path} not found; check the entry's shards", path)
+                part = datasets.load_dataset("parquet", data_files=path, split="train")
+            else:
+                part = datasets.load_dataset(root, split=split)
         else:
             repo, revision, config = hub
-            part = datasets.load_dataset(repo, config, revision=revision, split=split)
+            if split.endswith(".parquet"):
+                part = datasets.load_dataset(repo, revision=revision, data_files=split, split="train")
+            else:
+                part = datasets.load_dataset(repo, config, revision=revision, split=split)
     except (FileNotFoundError, ShardError):
         raise
     except (ValueError, KeyError) as exc:  # an unknown split, a config the dataset lacks
@@ -173,10 +187,14 @@ def _contract(plan: Plan) -> list[str]:
     text = f"column {record.caption!r}" if record.caption not in (None, "txt") else "column 'caption' or 'text'"
     return [
         "The location is a Hugging Face hub dataset (hf://datasets/owner/name[@revision], path: its config) "
-        "or a local folder of parquet files; each shard name is a split, loaded through `datasets` "
+        "or a local folder of parquet files; each shard name is a split or one of its parquet files, loaded through `datasets` "
         f"(HF_HUB_OFFLINE=1 reads only the local cache). Images from column {column!r}, decoded by datacat"
         + (f"; captions from {text}." if record.caption is not None else "; no captions.")
     ]
+
+
+def _names_a_shard(shard: str) -> bool:
+    return bool(_SPLIT.match(shard)) or shard.endswith(".parquet")
 
 
 FORMAT = Format(
@@ -184,6 +202,11 @@ FORMAT = Format(
     "random",
     ("rows",),
     _contract,
+    names_a_shard=_names_a_shard,
+    shards_are=(
+        "its shards are split names (shards: [train]) or parquet files under the root "
+        "(shards: [data/train-00000-of-00002.parquet])"
+    ),
     hint="Hugging Face datasets need the datasets library: pip install 'datacat[hf]'",
     doc=__doc__ or "",
 )
