@@ -16,7 +16,8 @@ from datacat.errors import (
     OptionError,
     ShardError,
 )
-from datacat.resolve import Plan, resolve
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.schema import Entry
 
 __all__ = [

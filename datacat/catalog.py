@@ -22,12 +22,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from datacat._yaml import KeyPath, load_yaml
+from datacat.cache import cache_dir
 from datacat.errors import CatalogError, EntryNotFound, Problem
-from datacat.manifest import cache_dir
 from datacat.rules import check_catalog, check_entry
 from datacat.schema import Entry
 
-__all__ = ["Catalog", "EntrySource", "builtin_catalog_dir", "catalog_paths", "load_catalog"]
+__all__ = ["Catalog", "CatalogPaths", "EntrySource", "builtin_catalog_dir", "catalog_paths", "load_catalog"]
 
 ENV_VAR = "DATACAT_CATALOG"
 
@@ -87,12 +87,27 @@ def builtin_catalog_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "catalog"
 
 
-def catalog_paths(paths: Iterable[str | os.PathLike[str]] = (), *, builtin: bool = True) -> list[Path]:
+CatalogPaths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+"""One catalog file or folder, or several: a single ``str`` is one path, never its characters."""
+
+
+def _as_paths(paths: CatalogPaths) -> list[Path]:
+    if isinstance(paths, str | os.PathLike):
+        return [Path(paths)]
+    return [Path(p) for p in paths]
+
+
+def catalog_paths(paths: CatalogPaths = (), *, builtin: bool = True) -> list[Path]:
     """The catalog paths in the order they apply: built-in, ``DATACAT_CATALOG``, then ``paths``."""
-    found = [builtin_catalog_dir()] if builtin else []
+    return [path for path, _ in _sourced_paths(paths, builtin=builtin, named_by="paths")]
+
+
+def _sourced_paths(paths: CatalogPaths, *, builtin: bool, named_by: str) -> list[tuple[Path, str]]:
+    """Each catalog path with what named it (for the error when it does not exist)."""
+    found = [(builtin_catalog_dir(), "the built-in catalog")] if builtin else []
     env = os.environ.get(ENV_VAR, "")
-    found += [Path(p) for p in env.split(os.pathsep) if p]
-    found += [Path(p) for p in paths]
+    found += [(Path(p), ENV_VAR) for p in env.split(os.pathsep) if p]
+    found += [(p, named_by) for p in _as_paths(paths)]
     return found
 
 
@@ -110,12 +125,17 @@ def _display(path: Path) -> str:
 
 
 def load_catalog(
-    paths: Iterable[str | os.PathLike[str]] = (),
+    paths: CatalogPaths = (),
     *,
     builtin: bool = True,
     env: Mapping[str, str] | None = None,
+    named_by: str = "load_catalog(paths=...)",
 ) -> Catalog:
     """The validated catalog from the built-in entries, ``DATACAT_CATALOG`` and ``paths``.
+
+    ``paths`` is one catalog file or folder (a ``str`` or path), or a list
+    of them. ``named_by`` is how the caller's paths are named when one does
+    not exist (the CLI passes ``--catalog``).
 
     Raises ``CatalogError`` listing every problem in every file, one line
     each with file, line, key path and rule.
@@ -125,12 +145,10 @@ def load_catalog(
     sources: dict[str, EntrySource] = {}
     lines: dict[str, tuple[str, dict[KeyPath, int]]] = {}
     folded: dict[str, str] = {}
-    for layer in catalog_paths(paths, builtin=builtin):
+    for layer, origin in _sourced_paths(paths, builtin=builtin, named_by=named_by):
         layer_names: dict[str, str] = {}
         if not layer.exists():
-            problems.append(
-                Problem(_display(layer), None, "", f"no such catalog file or folder (from {ENV_VAR} or --catalog)")
-            )
+            problems.append(Problem(_display(layer), None, "", f"no such catalog file or folder (from {origin})"))
             continue
         for file in _files(layer):
             shown = _display(file)

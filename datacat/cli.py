@@ -20,8 +20,8 @@ from rich.table import Table
 from datacat.catalog import Catalog, load_catalog
 from datacat.describe import describe as describe_entry
 from datacat.errors import BackendUnavailable, CatalogError, DatacatError, OptionError
+from datacat.planning import resolve
 from datacat.redact import redact
-from datacat.resolve import resolve
 from datacat.schema import BadSamplePolicy, Entry
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,7 +83,7 @@ def main(ctx: click.Context, catalogs: tuple[str, ...]) -> None:
 
 
 def _catalog(ctx: click.Context) -> Catalog:
-    return load_catalog(ctx.obj or ())
+    return load_catalog(ctx.obj or (), named_by="--catalog")
 
 
 def _human(n: int | None, *, approx: bool = False) -> str:
@@ -519,7 +519,7 @@ def verify(
 @_reports_errors
 def validate(ctx: click.Context, paths: tuple[str, ...]) -> None:
     """Validate catalog files (default: the built-in catalog and $DATACAT_CATALOG); exit 1 listing every problem."""
-    catalog = load_catalog((*(ctx.obj or ()), *paths))
+    catalog = load_catalog((*(ctx.obj or ()), *paths), named_by="--catalog or the paths given")
     out.print(f"{len(catalog)} entries valid.", markup=False)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from datacat.catalog import Catalog, load_catalog
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.registry import format_of
-from datacat.resolve import Plan, resolve
 from datacat.rules import is_glob
 from datacat.schema import Entry
 

@@ -14,10 +14,10 @@
 
 A missing file stays the built-in ``FileNotFoundError`` with the URL as its
 filename, so ``except FileNotFoundError`` works as it does for ``open``.
-Other failures of storage (``storage_failure``: the network, credentials, a
-storage client's own exceptions) become a ``ShardError`` naming the URL, as
-httpx maps its transports' errors; any other exception is a bug and
-propagates as it is.
+Other failures of storage (the network, credentials, a storage client's own
+exceptions) become a ``ShardError`` naming the URL, mapped once by type at
+the storage boundary (:mod:`datacat.storage.errors`); any other exception is
+a bug and propagates as it is.
 """
 
 from __future__ import annotations
@@ -35,16 +35,7 @@ __all__ = [
     "Problem",
     "RecordError",
     "ShardError",
-    "storage_failure",
 ]
-
-# Libraries whose exceptions are storage failures (network, auth, the service's answers).
-_STORAGE_LIBRARIES = frozenset({"aiohttp", "gcsfs", "google", "requests", "urllib3", "fsspec", "s3fs", "botocore"})
-
-
-def storage_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failure of storage (an OSError, a timeout, a storage client's own error), not a bug."""
-    return isinstance(exc, OSError | TimeoutError) or type(exc).__module__.split(".")[0] in _STORAGE_LIBRARIES
 
 
 class DatacatError(Exception):

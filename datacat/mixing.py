@@ -29,7 +29,7 @@ import numpy as np
 from datacat.epochs import Schedule, epoch_key
 from datacat.errors import OptionError
 from datacat.pipeline import EpochView, Fetched, SampleSource, finish
-from datacat.resolve import Plan
+from datacat.plan import Plan
 from datacat.schema import BadSamplePolicy
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger

@@ -24,9 +24,9 @@ import numpy as np
 from datacat.epochs import Feistel, Schedule, cumulative, epoch_key, locate, shard_order
 from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import RawItem, Reader, open_reader
-from datacat.formats.storage import is_remote, retry_count
-from datacat.resolve import Plan
+from datacat.plan import Plan
 from datacat.schema import BadSamplePolicy
+from datacat.storage import is_remote, retry_count
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform, transform_for

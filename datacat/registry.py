@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from datacat.errors import BackendUnavailable
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["BACKENDS", "FORMATS", "Format", "Implementation", "format_of", "load_implementation"]
 

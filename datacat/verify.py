@@ -20,11 +20,13 @@ from typing import Any
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError, ShardError
 from datacat.formats import RawItem
-from datacat.formats.storage import filesystem, is_remote, with_retries
-from datacat.manifest import Manifest, ShardFacts, save_manifest
+from datacat.limits import deadline
 from datacat.pipeline import SampleSource
-from datacat.resolve import Plan, Shard, resolve
+from datacat.plan import Plan, Shard
+from datacat.planning import resolve
 from datacat.rules import is_glob, shard_names
+from datacat.storage import filesystem, is_remote, with_retries
+from datacat.storage.manifests import Manifest, ShardFacts, save_manifest
 from datacat.transforms.ledger import BadSample, Ledger
 
 __all__ = ["Report", "ShardReport", "bad_records", "verify"]
@@ -189,7 +191,7 @@ def _list(plan: Plan) -> dict[str, tuple[int | None, str | None]]:
     """Files directly in the shards' folder: name -> (bytes, storage checksum)."""
     fs, path = filesystem(plan.root, plan.storage_options)
     try:
-        entries = with_retries(lambda: fs.ls(path, detail=True), plan.root)
+        entries = with_retries(lambda: fs.ls(path, detail=True, **deadline(fs)), plan.root)
     except FileNotFoundError:
         raise FileNotFoundError(2, f"folder not found: {plan.root}; check the entry's root", plan.root) from None
     out: dict[str, tuple[int | None, str | None]] = {}

@@ -188,7 +188,7 @@ def test_embed_gives_a_corrupt_image_a_zero_row_and_a_ledger_line(tmp_path: Path
 
 
 def test_verify_deep_as_a_beam_job_matches_the_single_machine_verify(tmp_path: Path) -> None:
-    from datacat.manifest import load_manifest
+    from datacat.storage.manifests import load_manifest
     from datacat.verify import verify
 
     catalog = _tars_with_a_corrupt_image(tmp_path / "tars")

@@ -181,3 +181,71 @@ def test_a_view_of_the_bytes_decodes_as_the_bytes_do(licensed_data: Path) -> Non
                 decode_image(view)
             continue
         np.testing.assert_array_equal(decode_image(view, at_least=32), decode_image(data, at_least=32), path.name)
+
+
+def _odd_jpeg(mode: str, **options: object) -> bytes:
+    yy, xx = np.mgrid[0:96, 0:128]
+    channels = [xx * 2, yy * 2, (xx + yy), 255 - xx * 2][: len(mode) if mode != "L" else 1]
+    pixels = np.stack(channels, -1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels[..., 0] if mode == "L" else pixels, mode).save(out, "JPEG", quality=90, **options)
+    return out.getvalue()
+
+
+def _scan_start(data: bytes) -> int:
+    return data.index(b"\xff\xda")
+
+
+ODD_INTACT = {
+    # Adobe APP14 (transform 0) CMYK with its first channel sampled 2x1 and 2x2: TurboJPEG cannot name the
+    # subsampling and refuses the header; Pillow (libjpeg) decodes it.
+    "cmyk_422": _odd_jpeg("CMYK", subsampling=1),
+    "cmyk_420": _odd_jpeg("CMYK", subsampling=2),
+    "cmyk_444": _odd_jpeg("CMYK", subsampling=0),
+    "grey": _odd_jpeg("L"),
+    "progressive": _odd_jpeg("RGB", progressive=True),
+    "rgb_420_restarts": _odd_jpeg("RGB", subsampling=2, restart_marker_blocks=4),
+    "trailing_garbage": _odd_jpeg("RGB") + b"garbage after the end marker",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_INTACT))
+def test_an_image_pillow_decodes_intact_decodes(name: str) -> None:
+    data = ODD_INTACT[name]
+    with Image.open(io.BytesIO(data)) as ref:
+        expected = np.asarray(ref.convert("RGB"))
+    assert data[2:4] == b"\xff\xee" or not name.startswith("cmyk")  # the Adobe marker comes first
+    np.testing.assert_array_equal(decode_image(data), expected)
+
+
+def _corrupt_scan(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    start = _scan_start(data) + 60
+    damaged[start : start + 24] = bytes(b ^ 0x5A for b in damaged[start : start + 24])
+    return bytes(damaged)
+
+
+ODD_DAMAGED = {
+    "cmyk_444_corrupt_scan": (_corrupt_scan(ODD_INTACT["cmyk_444"]), "Corrupt JPEG data"),
+    "cmyk_420_cut_in_its_scan": (ODD_INTACT["cmyk_420"][:-200], "cut short"),
+    "cmyk_420_cut_before_its_end_marker": (ODD_INTACT["cmyk_420"][:-2], "cut short"),
+    "cmyk_420_segment_past_the_end": (ODD_INTACT["cmyk_420"][: _scan_start(ODD_INTACT["cmyk_420"]) + 5], "past"),
+    "rgb_corrupt_scan": (_corrupt_scan(ODD_INTACT["progressive"]), "cannot be decoded"),
+    "rgb_cut_short": (ODD_INTACT["grey"][: len(ODD_INTACT["grey"]) // 2], "cannot be decoded"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_DAMAGED))
+def test_a_damaged_jpeg_is_a_value_error_saying_what_is_wrong(name: str) -> None:
+    data, says = ODD_DAMAGED[name]
+    with pytest.raises(ValueError, match=says):
+        decode_image(data)
+
+
+def test_restart_markers_out_of_order_are_damage() -> None:
+    cmyk = _odd_jpeg("CMYK", subsampling=2, restart_marker_blocks=2)  # only Pillow reads it: the marker check judges
+    first = cmyk.index(b"\xff\xd0", _scan_start(cmyk))
+    swapped = cmyk[:first] + b"\xff\xd3" + cmyk[first + 2 :]
+    assert decode_image(cmyk).shape == (96, 128, 3)
+    with pytest.raises(ValueError, match="restart marker 3"):
+        decode_image(swapped)

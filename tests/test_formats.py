@@ -25,7 +25,7 @@ import json
 from typing import Any, Literal
 
 from datacat.formats import RawItem
-from datacat.formats.storage import read_bytes
+from datacat.storage import read_bytes
 from datacat.registry import Format
 
 

@@ -125,3 +125,63 @@ def test_unknown_name_suggests() -> None:
     with pytest.raises(EntryNotFound, match="Did you mean 'CC12M'") as info:
         resolve("cc12N")
     assert "datacat list" in str(info.value)
+
+
+def _mixture_over_manifest(write_catalog, tmp_path: Path):
+    (tmp_path / "d").mkdir()
+    path = write_catalog(
+        f"a: {{description: a, format: webdataset, location: {{root: '{tmp_path}/d', shards: '{{0..1}}.tar'}}, totals: {{samples: 30}}}}\n"
+        f"b: {{description: b, format: webdataset, location: {{root: '{tmp_path}/d', shards: b.tar}}, totals: {{samples: 10}}}}\n"
+        "ab: {description: ab, format: mixture, mixture: {components: [{name: a}, {name: b}]}}\n"
+    )
+    return load_catalog([path], builtin=False)
+
+
+def test_resolving_reads_no_manifest_and_completing_does(write_catalog, tmp_path: Path) -> None:
+    from datacat.resolve import resolve_entry
+    from datacat.storage import complete_plan
+    from datacat.storage.manifests import Manifest, ShardFacts, save_manifest
+
+    catalog = _mixture_over_manifest(write_catalog, tmp_path)
+    a = resolve_entry("a", catalog=catalog)
+    facts = {n: ShardFacts(name=n, records=5, url=f"{a.root}/{n}") for n in ("0.tar", "1.tar")}
+    save_manifest(Manifest(a.manifest, "a", a.root, facts))
+    pure = resolve_entry("ab", catalog=catalog)
+    assert [c.weight for c in pure.components] == [0.75, 0.25]  # by the declared totals: no manifest read
+    assert pure.components[0].plan.samples == 30 and not pure.components[0].plan.samples_exact
+    assert [c.declared_weight for c in pure.components] == [None, None]
+    done = complete_plan(pure)
+    assert [s.samples for s in done.components[0].plan.shards] == [5, 5]
+    assert done.components[0].plan.samples_exact and done.components[0].plan.samples_counted
+    assert [c.weight for c in done.components] == [0.5, 0.5] and done.samples == 20
+    assert resolve("ab", catalog=catalog) == done  # the public resolve is the two steps
+    assert complete_plan(a).fingerprint() == a.fingerprint()  # counts do not change what the stream is
+
+
+def test_a_glob_stays_unlisted_until_completed(write_catalog, tmp_path: Path) -> None:
+    from datacat.resolve import resolve_entry
+    from datacat.storage import complete_plan
+
+    (tmp_path / "g").mkdir()
+    for name in ("b.tar", "a.tar"):
+        (tmp_path / "g" / name).write_bytes(b"x")
+    path = write_catalog(
+        f"g: {{description: d, format: webdataset, location: {{root: '{tmp_path}/g', shards: '*.tar'}}}}\n"
+    )
+    catalog = load_catalog([path], builtin=False)
+    pure = resolve_entry("g", catalog=catalog)
+    assert pure.glob == f"{tmp_path}/g/*.tar" and pure.shards == ()
+    assert complete_plan(pure, list_shards=False) == pure
+    assert [s.name for s in complete_plan(pure).shards] == ["a.tar", "b.tar"]
+    (tmp_path / "g" / "a.tar").unlink()
+    (tmp_path / "g" / "b.tar").unlink()
+    with pytest.raises(datacat.ShardError, match="no shards match") as raised:
+        complete_plan(pure)
+    assert raised.value.url == pure.glob
+
+
+def test_the_typed_loading_overrides_name_every_loading_field() -> None:
+    from datacat.resolve import LoadingOverrides
+    from datacat.schema import Loading
+
+    assert set(LoadingOverrides.__annotations__) == set(Loading.model_fields)

@@ -55,7 +55,7 @@ def test_tar_records_are_shuffled_across_shards(tmp_path: Path) -> None:
 
 
 def test_tar_index_is_kept_in_the_manifest(tmp_path: Path) -> None:
-    from datacat.manifest import load_manifest
+    from datacat.storage.manifests import load_manifest
 
     catalog = _entry(tmp_path, 3, 4, declare=False)
     plan = datacat.resolve("t", catalog=catalog)
@@ -172,7 +172,7 @@ def test_images_over_the_pixel_limit_are_refused_from_their_header(tmp_path: Pat
 def test_a_missing_fsspec_backend_names_what_to_install(monkeypatch) -> None:
     import fsspec
 
-    from datacat.formats import storage
+    from datacat.storage import files as storage
 
     def no_gcsfs(*args, **kwargs):
         raise ImportError("Install gcsfs to access Google Storage", name="gcsfs")
@@ -305,7 +305,7 @@ def test_a_span_hands_its_members_on_as_views_not_copies(tmp_path: Path) -> None
 def test_local_shards_stay_open_between_reads_but_a_replaced_or_deleted_one_is_seen(tmp_path: Path) -> None:
     import os
 
-    from datacat.formats import storage
+    from datacat.storage import files as storage
 
     files = storage._OpenFiles(limit=4)
     first, second = tmp_path / "a.bin", tmp_path / "b.bin"
@@ -328,7 +328,7 @@ def test_local_shards_stay_open_between_reads_but_a_replaced_or_deleted_one_is_s
 def test_at_most_the_limit_of_local_shards_stay_open(tmp_path: Path) -> None:
     import os
 
-    from datacat.formats import storage
+    from datacat.storage import files as storage
 
     files = storage._OpenFiles(limit=4)
     before = len(os.listdir("/proc/self/fd"))
@@ -353,7 +353,7 @@ def test_a_child_forked_while_a_read_held_the_open_files_lock_still_reads(tmp_pa
     # In a fresh interpreter: forking this one, where jax may run, would only test jax's fork warning.
     code = f"""
 import os, sys, time
-from datacat.formats import storage
+from datacat.storage import files as storage
 path = {str(path)!r}
 assert storage.read_ranges([(path, 0, 3)]) == [b"abc"]  # open in this process
 with storage._OPEN_FILES._lock:  # another thread is inside take() as the child is forked
@@ -376,7 +376,7 @@ def test_one_read_of_many_local_ranges_opens_each_file_once_and_keeps_the_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from datacat.errors import ShardError
-    from datacat.formats import storage
+    from datacat.storage import files as storage
 
     a, b, gone = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "gone.bin"
     a.write_bytes(b"abcdef")

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from datacat.catalog import Catalog
 from datacat.errors import BackendUnavailable, OptionError
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.registry import BACKENDS, load_implementation
-from datacat.resolve import Plan, override_loading, resolve
+from datacat.resolve import override_loading
 from datacat.schema import Augmentation, BadSamplePolicy, ResizeMode
 
 if TYPE_CHECKING:  # the transforms need numpy, which the core install does not have

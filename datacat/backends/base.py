@@ -23,11 +23,11 @@ from typing import Any
 
 from datacat.epochs import Schedule, plan_schedule
 from datacat.errors import DatacatError, OptionError, PlanMismatch
-from datacat.formats.storage import retry_count
 from datacat.mixing import open_source
 from datacat.pipeline import Allocate, BatchView
-from datacat.resolve import Plan
+from datacat.plan import Plan
 from datacat.schema import BadSamplePolicy
+from datacat.storage import retry_count
 from datacat.transforms.captions import Tokenize
 from datacat.transforms.ledger import Ledger
 

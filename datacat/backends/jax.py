@@ -38,7 +38,7 @@ import numpy as np
 from datacat.backends import batch_memory
 from datacat.backends.base import EpochRun, Loader, keep_freed_memory
 from datacat.errors import OptionError
-from datacat.resolve import Plan
+from datacat.plan import Plan
 
 __all__ = ["JaxLoader", "open_jax"]
 

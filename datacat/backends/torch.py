@@ -38,8 +38,8 @@ from datacat.backends.base import EpochRun, Epochs, Loader, keep_freed_memory
 from datacat.epochs import round_robin_consumed
 from datacat.errors import DatacatError, OptionError
 from datacat.pipeline import BatchView
+from datacat.plan import Plan
 from datacat.registry import format_of
-from datacat.resolve import Plan
 
 __all__ = ["TorchLoader", "open_torch", "worker_indices"]
 

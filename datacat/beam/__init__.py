@@ -29,8 +29,8 @@ from typing import Any, NoReturn
 
 from datacat import errors
 from datacat.errors import BackendUnavailable, DatacatError
-from datacat.formats.storage import filesystem, is_remote
 from datacat.redact import redact
+from datacat.storage import filesystem, is_remote
 
 # Beam's import warns through logging.warning(), which configures the root logger for the whole process
 # when nothing has (every later INFO line of any library would print). A handler held only during the
@@ -230,8 +230,8 @@ def local_catalog(url: str, storage_options: dict[str, Any] | None = None) -> st
     """
     if not is_remote(url):
         return url.removeprefix("file://")
-    from datacat.formats.storage import read_bytes
-    from datacat.manifest import cache_dir
+    from datacat.cache import cache_dir
+    from datacat.storage import read_bytes
 
     text = read_bytes(url, storage_options)
     folder = cache_dir() / "catalogs"

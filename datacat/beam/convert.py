@@ -33,9 +33,10 @@ from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of,
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
 from datacat.formats.packed import pack_record
-from datacat.formats.storage import filesystem, is_remote
+from datacat.plan import Plan
+from datacat.planning import resolve
 from datacat.registry import format_of
-from datacat.resolve import Plan, resolve
+from datacat.storage import filesystem, is_remote
 from datacat.transforms.ledger import BadSample
 
 __all__ = ["Conversion", "convert", "converted_records"]

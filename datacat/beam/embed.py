@@ -35,8 +35,9 @@ import yaml
 from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run, text_file, whole_epoch
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError
-from datacat.formats.storage import filesystem, is_remote
-from datacat.resolve import Plan, resolve
+from datacat.plan import Plan
+from datacat.planning import resolve
+from datacat.storage import filesystem, is_remote
 from datacat.transforms.ledger import Ledger
 
 __all__ = ["Embedding", "embed", "load_function"]

@@ -22,8 +22,8 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from datacat.beam import commit, counter, run, text_file
-from datacat.formats.storage import filesystem, read_bytes
-from datacat.resolve import Plan
+from datacat.plan import Plan
+from datacat.storage import filesystem, read_bytes
 from datacat.transforms.ledger import BadSample
 
 __all__ = ["bad_records_job"]

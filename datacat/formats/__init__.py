@@ -15,7 +15,7 @@ from datacat.errors import BackendUnavailable, ShardError
 from datacat.registry import format_of
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = [
     "RandomAccessReader",

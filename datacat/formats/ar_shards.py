@@ -16,14 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from datacat.cache import cache_dir
 from datacat.errors import ShardError
 from datacat.formats import riegeli
-from datacat.formats.storage import is_remote, object_size, read_ranges, with_retries
 from datacat.limits import connect_timeout
-from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
+from datacat.storage import is_remote, object_size, read_ranges, with_retries
+from datacat.storage.manifests import Manifest, ShardFacts, load_manifest, save_index, save_manifest
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from datacat.cache import cache_dir
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, check_declared, record_caption, riegeli
 from datacat.formats.ar_shards import (
@@ -37,13 +38,13 @@ from datacat.formats.ar_shards import (
     used_here,
 )
 from datacat.formats.packed import unpack_pre_resized, unpack_views
-from datacat.formats.storage import is_remote, read_ranges, with_retries
 from datacat.formats.tf_example import example_record, tfds_lengths
-from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_manifest
 from datacat.registry import Format
+from datacat.storage import is_remote, read_ranges, with_retries
+from datacat.storage.manifests import Manifest, ShardFacts, load_manifest, save_manifest
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem, check_declared
-from datacat.formats.storage import object_size, open_url, read_ranges
 from datacat.registry import Format
+from datacat.storage import object_size, open_url, read_ranges
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["FORMAT", "EmbeddingTableReader", "npy_header"]
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem
-from datacat.formats.storage import read_bytes
 from datacat.formats.webdataset import TarStream
 from datacat.registry import Format
+from datacat.storage import read_bytes
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["FORMAT", "EmbeddingsReader"]
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem, check_declared, record_caption
-from datacat.formats.storage import read_bytes
 from datacat.registry import Format
+from datacat.storage import read_bytes
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["FORMAT", "HuggingFaceReader", "hub_id"]
 

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import ShardError
 from datacat.formats import RawItem, record_caption
-from datacat.formats.storage import filesystem, read_many, with_retries
+from datacat.limits import deadline
 from datacat.registry import Format
+from datacat.storage import filesystem, read_many, with_retries
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["FORMAT", "IMAGE_SUFFIXES", "ImageFolderReader"]
 
@@ -32,11 +33,11 @@ class ImageFolderReader:
         counts = []
         for shard in plan.shards:
             fs, root = filesystem(shard.url, self.storage_options)
-            if not with_retries(lambda: fs.isdir(root), shard.url):  # noqa: B023 (called at once)
+            if not with_retries(lambda: fs.isdir(root, **deadline(fs)), shard.url):  # noqa: B023 (called at once)
                 raise ShardError(f"image folder {shard.url} does not exist or is not a folder", url=shard.url)
             prefix, root = shard.url.rstrip("/"), root.rstrip("/")
             before = len(self.files)
-            for path in sorted(with_retries(lambda: fs.find(root), shard.url)):  # noqa: B023
+            for path in sorted(with_retries(lambda: fs.find(root, **deadline(fs)), shard.url)):  # noqa: B023
                 url = prefix + "/" + posixpath.relpath(path, root)
                 if path.lower().endswith(IMAGE_SUFFIXES):
                     self.files.append((shard.url, url))

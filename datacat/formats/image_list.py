@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, record_caption
-from datacat.formats.storage import read_bytes, read_many
 from datacat.registry import Format
+from datacat.storage import read_bytes, read_many
 
 if TYPE_CHECKING:
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = ["FORMAT", "ImageListReader", "read_table"]
 

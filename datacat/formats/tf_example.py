@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from datacat.errors import ShardError
-from datacat.formats.storage import read_bytes
 from datacat.formats.wire import fields, varint
 from datacat.schema import Record
+from datacat.storage import read_bytes
 
 __all__ = ["example_record", "parse_example", "shard_lengths", "tfds_lengths"]
 

@@ -26,17 +26,18 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+from datacat.cache import cache_dir
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, check_declared, record_caption
-from datacat.formats.storage import is_remote, open_url, read_ranges
-from datacat.manifest import Manifest, ShardFacts, cache_dir, load_manifest, save_index, save_manifest
 from datacat.registry import Format
 from datacat.schema import Record
+from datacat.storage import is_remote, open_url, read_ranges
+from datacat.storage.manifests import Manifest, ShardFacts, load_manifest, save_index, save_manifest
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from datacat.resolve import Plan
+    from datacat.plan import Plan
 
 __all__ = [
     "FORMAT",

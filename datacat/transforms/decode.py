@@ -10,7 +10,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
-__all__ = ["decode_image"]
+__all__ = ["check_jpeg_markers", "decode_image"]
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +18,14 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 _SIMPLEJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")  # CMYK and YCCK go through Pillow
 # libjpeg warnings about bytes outside the picture: the pixels are all there.
 _TOLERATED_WARNINGS = ("extraneous bytes before marker", "Unknown APP", "JFIF revision", "ICC profile", "Adobe")
+# What libjpeg-turbo's TurboJPEG layer refuses of a valid file (a layout it has no fast path for, such as CMYK
+# with its channels sampled unevenly): such a file goes to Pillow, which judges it, after a check of its markers.
+_FAST_PATH_LIMITS = (
+    "Could not determine subsampling",
+    "Unsupported JPEG process",
+    "Unsupported color conversion",
+    "Unsupported JPEG data precision",
+)
 
 
 def decode_image(
@@ -38,8 +46,11 @@ def decode_image(
     A JPEG with extraneous bytes between segments (web-scraped files often
     have them, in a damaged EXIF block or before the end marker) is decoded,
     with a logged warning; one that ends early or whose entropy-coded data is
-    corrupt is refused, since part of its picture would be grey. Every
-    failure is a ``ValueError`` saying what is wrong.
+    corrupt is refused, since part of its picture would be grey. A CMYK or
+    YCCK JPEG is judged by libjpeg's strict decode and converted by Pillow;
+    one whose layout TurboJPEG cannot read (CMYK sampled unevenly) is
+    decoded by Pillow after :func:`check_jpeg_markers`. Every failure is a
+    ``ValueError`` saying what is wrong.
     """
     if not encoded:
         raise ValueError("empty image: 0 bytes")
@@ -48,15 +59,82 @@ def decode_image(
         try:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(encoded)
         except ValueError as exc:
-            _refuse_unless_tolerated(exc, encoded)  # a damaged segment before the frame: Pillow reads on
+            _judge_refusal(exc, encoded)  # a damaged segment before the frame, or a layout only Pillow reads
         else:
             _check_size(width, height, limit)
-            if colorspace in _SIMPLEJPEG_COLORSPACES:
-                try:
+            try:
+                if colorspace in _SIMPLEJPEG_COLORSPACES:
                     return _decode_jpeg(encoded, height, width, at_least)
-                except ValueError as exc:
-                    _refuse_unless_tolerated(exc, encoded)
+                # CMYK and YCCK: libjpeg's strict decode judges the data, Pillow converts the colours.
+                simplejpeg.decode_jpeg(encoded, colorspace="CMYK", strict=True)
+            except ValueError as exc:
+                _judge_refusal(exc, encoded)
     return _decode_with_pillow(encoded, at_least, limit)
+
+
+def _judge_refusal(exc: ValueError, encoded: bytes | memoryview) -> None:
+    """Returns when the fast decoder's refusal leaves the image to Pillow; raises when it shows the image damaged."""
+    if any(text in str(exc) for text in _FAST_PATH_LIMITS):
+        check_jpeg_markers(encoded)
+    else:
+        _refuse_unless_tolerated(exc, encoded)
+
+
+def check_jpeg_markers(encoded: bytes | memoryview) -> None:
+    """Raises a ValueError for a JPEG whose segments run past its end, or that ends before its end-of-image marker.
+
+    The check libjpeg's own strict decode does not get to make for a file
+    only Pillow reads (Pillow decodes a JPEG cut short after its last
+    marker, or with an end marker written over its scan, into grey
+    without an error): every segment's length fits, and the entropy-coded
+    data of each scan ends at a marker, the last being EOI; restart
+    markers in it come in order.
+    """
+    data = bytes(encoded)
+    at, end = 2, len(data)
+    while at < end:
+        if data[at] != 0xFF:
+            raise ValueError(f"JPEG damaged: byte {at} is not a marker (0x{data[at]:02x})")
+        while at < end and data[at] == 0xFF:  # fill bytes before a marker
+            at += 1
+        if at >= end:
+            break
+        marker = data[at]
+        at += 1
+        if marker == 0xD9:
+            return
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:
+            continue
+        if at + 2 > end:
+            break
+        length = int.from_bytes(data[at : at + 2], "big")
+        if length < 2 or at + length > end:
+            raise ValueError(f"JPEG damaged: segment 0x{marker:02x} at byte {at - 2} runs past the file's end")
+        at += length
+        if marker == 0xDA:
+            at = _end_of_scan(data, at)
+    raise ValueError(f"JPEG cut short: {end} bytes and no end-of-image marker after its last scan")
+
+
+def _end_of_scan(data: bytes, at: int) -> int:
+    """Where the entropy-coded data from ``at`` ends (the next marker); raises if restart markers are out of order."""
+    expected = 0
+    while True:
+        at = data.find(b"\xff", at)
+        if at < 0 or at + 1 >= len(data):
+            raise ValueError(f"JPEG cut short: its scan runs to the end of the file ({len(data)} bytes)")
+        following = data[at + 1]
+        if following == 0x00 or following == 0xFF:
+            at += 1
+        elif 0xD0 <= following <= 0xD7:
+            if following - 0xD0 != expected:
+                raise ValueError(
+                    f"JPEG damaged: restart marker {following - 0xD0} at byte {at} where {expected} belongs"
+                )
+            expected = (expected + 1) % 8
+            at += 2
+        else:
+            return at
 
 
 def _refuse_unless_tolerated(exc: ValueError, encoded: bytes | memoryview) -> None:

@@ -16,8 +16,8 @@ from collections import Counter
 from typing import Any
 
 from datacat.errors import BadSampleBudgetExceeded, DatacatError, OptionError, RecordError, ShardError
+from datacat.plan import Plan
 from datacat.redact import redact
-from datacat.resolve import Plan
 from datacat.schema import BadSamplePolicy
 
 __all__ = ["BadSample", "Ledger", "bad_marker", "error_marker", "is_marker"]

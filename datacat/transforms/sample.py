@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from datacat.plan import Plan
 from datacat.registry import format_of
-from datacat.resolve import Plan
 from datacat.transforms.augment import augment_image, image_augmentations, record_rng
 from datacat.transforms.captions import Tokenize, caption_from_label, class_names
 from datacat.transforms.decode import decode_image

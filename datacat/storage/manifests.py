@@ -1,9 +1,9 @@
 """What is known of a shard set after reading it once: names, records and bytes per shard, tar member spans.
 
-A manifest is a JSON file in the user cache dir (``$DATACAT_CACHE``, else
-``$XDG_CACHE_HOME/datacat``, else ``~/.cache/datacat``), keyed by the shard
-set it describes (format, base URL, shard pattern, missing shards), not by
-how it is loaded. ``datacat verify`` writes one; opening an entry writes
+A manifest is a JSON file in the user cache dir (:func:`datacat.cache.cache_dir`),
+keyed by the shard set it describes (:func:`datacat.plan.manifest_key`: format,
+base URL, shard pattern, missing shards), not by how it is loaded.
+``datacat verify`` writes one; opening an entry writes
 the counts and tar spans it had to compute; ``describe``, ``count`` and
 ``open`` use it, so a glob entry need not be listed and a tar need not be
 indexed again. Point ``DATACAT_CACHE`` at a shared folder to index once for
@@ -21,17 +21,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Manifest", "ShardFacts", "cache_dir", "load_manifest", "manifest_key", "save_index", "save_manifest"]
+from datacat.cache import cache_dir
+
+__all__ = ["Manifest", "ShardFacts", "load_manifest", "save_index", "save_manifest"]
 
 VERSION = 1
-
-
-def cache_dir() -> Path:
-    """The folder datacat caches manifests and tar indexes in."""
-    if env := os.environ.get("DATACAT_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "datacat"
 
 
 @dataclasses.dataclass
@@ -67,12 +61,6 @@ class Manifest:
             "verified": self.verified,
             "shards": [dataclasses.asdict(f) for f in self.shards.values()],
         }
-
-
-def manifest_key(fmt: str, base: str, shards: str | tuple[str, ...], missing: tuple[str, ...]) -> str:
-    """The key of a shard set: what names its files, nothing of how it is loaded."""
-    identity = json.dumps([fmt, base, shards, sorted(missing)], sort_keys=True)
-    return hashlib.sha256(identity.encode()).hexdigest()[:24]
 
 
 def _path(key: str) -> Path:
