@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from datacat import errors
 from datacat.errors import BackendUnavailable, DatacatError
@@ -49,11 +49,14 @@ finally:
     _root.removeHandler(_quiet)
 
 __all__ = [
+    "DASK_RUNNER",
     "NAMESPACE",
     "clear_scratch",
     "commit",
     "counter",
+    "function_failure",
     "local_catalog",
+    "note_function_failure",
     "part_of",
     "pipeline_options",
     "run",
@@ -61,6 +64,9 @@ __all__ = [
     "text_file",
     "whole_epoch",
 ]
+
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+"""The full name of Beam's DaskRunner, which ``--runner DaskRunner`` stands for."""
 
 NAMESPACE = "datacat"
 """The namespace of every counter a job keeps (records read, written, bad)."""
@@ -79,6 +85,14 @@ def pipeline_options(args: Sequence[str] = (), *, workers: int | None = None) ->
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = "DirectRunner"
+    if standard.runner in ("DaskRunner", "dask"):  # Beam knows it only by its full name
+        standard.runner = DASK_RUNNER
+    if standard.runner == DASK_RUNNER and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in args):
+        # One unit of work per dask partition, so that the units spread over the workers (Beam's default
+        # packs 128 into one). Imported here: it imports dask.distributed, which only this runner needs.
+        from apache_beam.runners.dask.dask_runner import DaskOptions
+
+        options.view_as(DaskOptions).partition_size = 1
     if workers is not None and standard.runner in ("DirectRunner", "direct"):
         direct = options.view_as(DirectOptions)
         direct.direct_num_workers = workers
@@ -91,43 +105,79 @@ def counter(name: str) -> Any:
     return beam.metrics.Metrics.counter(NAMESPACE, name)
 
 
-def run(pipeline: beam.Pipeline) -> dict[str, int]:
+def run(pipeline: beam.Pipeline, *, counted: Callable[[], dict[str, int]] | None = None) -> dict[str, int]:
     """Runs ``pipeline`` to the end and returns its datacat counters, by name.
 
-    A job that fails raises datacat's own error when one caused it (a shard
-    that cannot be read is the same ShardError as in a loader); otherwise a
+    A runner that keeps no metrics (the DaskRunner) gets them from
+    ``counted``, which reads them back from what the job wrote. A job that
+    fails raises datacat's own error when one caused it (a shard that cannot
+    be read is the same ShardError as in a loader), a user function's own
+    error when it failed (see :func:`function_failure`); otherwise a
     DatacatError with the last line of what the runner reported, secrets
     redacted. Beam wraps a worker's error in its own exceptions.
     """
+    result = None
     try:
         result = pipeline.run()
         result.wait_until_finish()
     except Exception as exc:  # sorted below: datacat's errors come out as they are
-        cause: BaseException | None = exc
-        while cause is not None:
-            if isinstance(cause, DatacatError | FileNotFoundError):
-                raise cause.with_traceback(None) from None
-            cause = cause.__cause__ or cause.__context__
-        lines = [line.strip() for line in redact(exc).splitlines() if line.strip()]
-        last = lines[-1] if lines else type(exc).__name__
-        # A worker process's error arrives as text, its last line "RuntimeError: ShardError: ... [while
-        # running 'write']": the first class named there that datacat raises is raised again.
-        text = re.sub(r" \[while running '[^']*'\]$", "", last)
-        while ": " in text:
-            kind, _, message = text.partition(": ")
-            known = getattr(errors, kind, None)
-            if isinstance(known, type) and issubclass(known, DatacatError) and known is not errors.CatalogError:
-                raise known(message) from None
-            if kind == "FileNotFoundError":
-                raise FileNotFoundError(2, re.sub(r"^\[Errno 2\] ", "", message)) from None
-            text = message
-        raise DatacatError(f"the Beam job failed: {last}") from None
-    found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+        _raise_cause(exc)
+    finally:
+        client = getattr(result, "client", None)  # the DaskRunner's connection to the scheduler, left open by Beam
+        if client is not None:
+            client.close()
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    except NotImplementedError:  # the DaskRunner: "collecting metrics will come later"
+        return counted() if counted is not None else {}
     totals: dict[str, int] = {}
     for metric in found:
         value = metric.committed if metric.committed is not None else metric.attempted
         totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + int(value or 0)
     return totals
+
+
+_FUNCTION_NOTE = "datacat: in "
+
+
+def note_function_failure(exc: BaseException, where: str) -> None:
+    """Marks ``exc``, raised by a user's function, with where it failed (``--fn m:f on record K of shard S``).
+
+    The mark is a note (``add_note``): the exception keeps its class and
+    message, and pickles with it from a worker to the machine that started
+    the job.
+    """
+    exc.add_note(_FUNCTION_NOTE + where)
+
+
+def function_failure(exc: BaseException) -> str | None:
+    """The one-line report of a user function's error that :func:`note_function_failure` marked, else None."""
+    for note in getattr(exc, "__notes__", ()):
+        if note.startswith(_FUNCTION_NOTE):
+            return f"{note.removeprefix(_FUNCTION_NOTE)} failed: {type(exc).__name__}: {redact(exc)}"
+    return None
+
+
+def _raise_cause(exc: Exception) -> NoReturn:
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, DatacatError | FileNotFoundError) or function_failure(cause):
+            raise cause.with_traceback(None) from None
+        cause = cause.__cause__ or cause.__context__
+    lines = [line.strip() for line in redact(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    # A worker process's error arrives as text, its last line "RuntimeError: ShardError: ... [while
+    # running 'write']": the first class named there that datacat raises is raised again.
+    text = re.sub(r" \[while running '[^']*'\]$", "", last)
+    while ": " in text:
+        kind, _, message = text.partition(": ")
+        known = getattr(errors, kind, None)
+        if isinstance(known, type) and issubclass(known, DatacatError) and known is not errors.CatalogError:
+            raise known(message) from None
+        if kind == "FileNotFoundError":
+            raise FileNotFoundError(2, re.sub(r"^\[Errno 2\] ", "", message)) from None
+        text = message
+    raise DatacatError(f"the Beam job failed: {last}") from None
 
 
 def scratch(out: str) -> str:
