@@ -102,5 +102,9 @@ class BadSampleBudgetExceeded(DatacatError):
     """The ``skip`` policy met more bad samples than its budget allows."""
 
 
+class FunctionError(DatacatError):
+    """A user's function (``--fn module:name``) raised: the message names it, the record and its error."""
+
+
 class BackendUnavailable(DatacatError, ImportError):
     """A framework extra that is not installed; the message says what to install."""

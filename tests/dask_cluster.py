@@ -31,6 +31,8 @@ class DaskCluster:
     address: str
     scheduler_file: Path
     processes: tuple[subprocess.Popen[bytes], ...]
+    kill_marker: Path
+    """Written by ``encoders:kills_its_worker_once`` in the worker it kills (holding that worker's pid)."""
 
     def worker_pids(self) -> list[int]:
         """The pids of the worker processes that run tasks (asked of the workers themselves)."""
@@ -48,17 +50,18 @@ class DaskCluster:
 
 
 def _dask(*args: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli." + args[0], *args[1:]],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,  # its own process group: stopped whole at the end
-    )
+    with log.open("wb") as output:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli." + args[0], *args[1:]],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: stopped whole at the end
+        )
 
 
-@pytest.fixture(scope="module")
-def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCluster]:
+@pytest.fixture(scope="module", name="dask_cluster")
+def dask_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCluster]:
     """A scheduler and two worker processes (``--nworkers 1 --nthreads 1`` each) for the module's tests."""
     folder = tmp_path_factory.mktemp("dask")
     scheduler_file = folder / "scheduler.json"
@@ -69,6 +72,7 @@ def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskClust
         "PYTHONPATH": os.pathsep.join([root, str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
         "DATACAT_CACHE": str(folder / "cache"),
+        "DATACAT_TEST_KILL_MARKER": str(folder / "killed"),  # encoders:kills_its_worker_once
     }
     processes = [
         _dask(
@@ -101,7 +105,7 @@ def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskClust
                     env=env,
                 )
             )
-        cluster = DaskCluster(address, scheduler_file, tuple(processes))
+        cluster = DaskCluster(address, scheduler_file, tuple(processes), folder / "killed")
         cluster.wait_for_workers()
         yield cluster
     finally:

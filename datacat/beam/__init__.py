@@ -54,9 +54,7 @@ __all__ = [
     "clear_scratch",
     "commit",
     "counter",
-    "function_failure",
     "local_catalog",
-    "note_function_failure",
     "part_of",
     "pipeline_options",
     "run",
@@ -87,7 +85,9 @@ def pipeline_options(args: Sequence[str] = (), *, workers: int | None = None) ->
         standard.runner = "DirectRunner"
     if standard.runner in ("DaskRunner", "dask"):  # Beam knows it only by its full name
         standard.runner = DASK_RUNNER
-    if standard.runner == DASK_RUNNER and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in args):
+    if standard.runner == DASK_RUNNER and not any(
+        a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in args
+    ):
         # One unit of work per dask partition, so that the units spread over the workers (Beam's default
         # packs 128 into one). Imported here: it imports dask.distributed, which only this runner needs.
         from apache_beam.runners.dask.dask_runner import DaskOptions
@@ -111,8 +111,8 @@ def run(pipeline: beam.Pipeline, *, counted: Callable[[], dict[str, int]] | None
     A runner that keeps no metrics (the DaskRunner) gets them from
     ``counted``, which reads them back from what the job wrote. A job that
     fails raises datacat's own error when one caused it (a shard that cannot
-    be read is the same ShardError as in a loader), a user function's own
-    error when it failed (see :func:`function_failure`); otherwise a
+    be read is the same ShardError as in a loader; a user function's error
+    is a FunctionError naming the function and the record); otherwise a
     DatacatError with the last line of what the runner reported, secrets
     redacted. Beam wraps a worker's error in its own exceptions.
     """
@@ -137,31 +137,10 @@ def run(pipeline: beam.Pipeline, *, counted: Callable[[], dict[str, int]] | None
     return totals
 
 
-_FUNCTION_NOTE = "datacat: in "
-
-
-def note_function_failure(exc: BaseException, where: str) -> None:
-    """Marks ``exc``, raised by a user's function, with where it failed (``--fn m:f on record K of shard S``).
-
-    The mark is a note (``add_note``): the exception keeps its class and
-    message, and pickles with it from a worker to the machine that started
-    the job.
-    """
-    exc.add_note(_FUNCTION_NOTE + where)
-
-
-def function_failure(exc: BaseException) -> str | None:
-    """The one-line report of a user function's error that :func:`note_function_failure` marked, else None."""
-    for note in getattr(exc, "__notes__", ()):
-        if note.startswith(_FUNCTION_NOTE):
-            return f"{note.removeprefix(_FUNCTION_NOTE)} failed: {type(exc).__name__}: {redact(exc)}"
-    return None
-
-
 def _raise_cause(exc: Exception) -> NoReturn:
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, DatacatError | FileNotFoundError) or function_failure(cause):
+        if isinstance(cause, DatacatError | FileNotFoundError):
             raise cause.with_traceback(None) from None
         cause = cause.__cause__ or cause.__context__
     lines = [line.strip() for line in redact(exc).splitlines() if line.strip()]

@@ -36,7 +36,7 @@ from datacat.formats.packed import pack_record
 from datacat.plan import Plan
 from datacat.planning import resolve
 from datacat.registry import format_of
-from datacat.storage import filesystem, is_remote
+from datacat.storage import filesystem, is_remote, read_bytes
 from datacat.transforms.ledger import BadSample
 
 __all__ = ["Conversion", "convert", "converted_records"]
@@ -279,5 +279,13 @@ def convert(
     )
     pipeline = beam.Pipeline(options=options or pipeline_options())
     build(pipeline, job)
-    counters = run(pipeline)
+    counters = run(pipeline, counted=lambda: _counted(job))
     return local_catalog(job.out + "/catalog.yaml", plan.storage_options), counters
+
+
+def _counted(job: Conversion) -> dict[str, int]:
+    """The counters read back from what the job wrote, for a runner that keeps none (the DaskRunner)."""
+    entry = next(iter(yaml.safe_load(read_bytes(job.out + "/catalog.yaml", job.plan.storage_options)).values()))
+    bad = read_bytes(job.out + "/bad_records.jsonl", job.plan.storage_options).decode().count("\n")
+    written = int(entry["totals"]["samples"])
+    return {"records_read": written + bad, "records_written": written, "records_bad": bad}

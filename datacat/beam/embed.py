@@ -2,8 +2,9 @@
 
 The function is ``fn(images, captions) -> {"image": [B, D], "text": [B, D]?}``
 with ``images`` uint8 ``[B, H, W, 3]`` at the entry's image size (no
-augmentation) and ``captions`` a list of B strings. Beam's ``BatchElements``
-makes the batches; the function is imported once per worker (``setup``).
+augmentation) and ``captions`` a list of B strings. A batch holds rows of
+one shard; the function is imported once per worker (``setup``). Its
+error is a FunctionError naming it and the first record it fails on.
 
 The output is DALLE2-pytorch's layout, aligned with the entry's shards:
 shard ``NNNN`` (the tar's number, or the shard's place for other formats)
@@ -35,10 +36,11 @@ import yaml
 
 from datacat.beam import clear_scratch, commit, counter, local_catalog, part_of, run, text_file, whole_epoch
 from datacat.catalog import Catalog, builtin_catalog_dir, load_catalog
-from datacat.errors import OptionError
+from datacat.errors import FunctionError, OptionError
 from datacat.plan import Plan
 from datacat.planning import resolve
-from datacat.storage import filesystem, is_remote
+from datacat.redact import redact
+from datacat.storage import filesystem, is_remote, read_bytes
 from datacat.transforms.ledger import Ledger
 
 __all__ = ["Embedding", "embed", "load_function"]
@@ -97,13 +99,27 @@ Row = tuple[int, int, str, str, Any]
 
 
 class _ReadShard(beam.DoFn):  # type: ignore[misc]
-    """Every record of one shard, decoded at the entry's size, or the reason it could not be."""
+    """Every record of one shard, decoded at the entry's size, or the reason it could not be, in batches.
+
+    A batch is up to ``batch_size`` rows of one shard, made here rather
+    than by ``beam.BatchElements``, which emits nothing on the DaskRunner.
+    """
 
     def __init__(self, job: Embedding) -> None:
         self.job = job
         self.read, self.bad = counter("records_read"), counter("records_bad")
 
-    def process(self, shard: int) -> Iterator[Row]:
+    def process(self, shard: int) -> Iterator[list[Row]]:
+        batch: list[Row] = []
+        for row in self._rows(shard):
+            batch.append(row)
+            if len(batch) == self.job.batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def _rows(self, shard: int) -> Iterator[Row]:
         counts = [b - a for a, b in itertools.pairwise(self.job.offsets)]
         # This shard alone: a worker indexes no tar that another unit reads.
         _, view = whole_epoch(part_of(self.job.plan, shard, shard + 1, counts))
@@ -135,7 +151,7 @@ class _Embed(beam.DoFn):  # type: ignore[misc]
         good = [i for i, r in enumerate(batch) if not isinstance(r[4], str)]  # a str is why it could not be read
         vectors: dict[str, np.ndarray] = {}
         if good:
-            result = self.fn(np.stack([batch[i][4] for i in good]), [batch[i][3] for i in good])
+            result = self._call([batch[i] for i in good])
             vectors = {k: np.asarray(v, dtype=np.float32) for k, v in result.items() if v is not None}
             _check(vectors, len(good), self.job)
             self.embedded.inc(len(good))
@@ -146,6 +162,25 @@ class _Embed(beam.DoFn):  # type: ignore[misc]
                 continue
             text = vectors["text"][slot[i]] if "text" in vectors else None
             yield shard, (row, key, caption, vectors["image"][slot[i]], text, "")
+
+    def _call(self, rows: list[Row]) -> dict[str, Any]:
+        """The function over ``rows``; its error is a FunctionError naming it and the first record it fails on."""
+        try:
+            result: dict[str, Any] = self.fn(np.stack([r[4] for r in rows]), [r[3] for r in rows])
+            return result
+        except Exception as exc:
+            culprit = rows[0]
+            for row in rows if len(rows) > 1 else ():  # which record: the first the function fails on alone
+                try:
+                    self.fn(row[4][None], [row[3]])
+                except Exception:
+                    culprit = row
+                    break
+            shard = self.job.numbers[culprit[0]]
+            raise FunctionError(
+                f"--fn {self.job.fn} failed on record {culprit[2]} of shard {shard}: {type(exc).__name__}: "
+                f"{redact(exc)}"
+            ) from None
 
 
 def _check(vectors: dict[str, np.ndarray], rows: int, job: Embedding) -> None:
@@ -294,7 +329,6 @@ def build(pipeline: beam.Pipeline, job: Embedding) -> Any:
         | "shards" >> beam.Create(range(len(job.numbers)))
         | "spread" >> beam.Reshuffle()
         | "read" >> beam.ParDo(_ReadShard(job))
-        | "batch" >> beam.BatchElements(min_batch_size=job.batch_size, max_batch_size=job.batch_size)
         | "embed" >> beam.ParDo(_Embed(job))
         | "by shard" >> beam.GroupByKey()
         | "write" >> beam.ParDo(_WriteShard(job))
@@ -345,5 +379,13 @@ def embed(
     )
     pipeline = beam.Pipeline(options=options or pipeline_options())
     build(pipeline, job)
-    counters = run(pipeline)
+    counters = run(pipeline, counted=lambda: _counted(job))
     return local_catalog(job.out + "/catalog.yaml", plan.storage_options), counters
+
+
+def _counted(job: Embedding) -> dict[str, int]:
+    """The counters read back from what the job wrote, for a runner that keeps none (the DaskRunner)."""
+    entries = yaml.safe_load(read_bytes(job.out + "/catalog.yaml", job.plan.storage_options))
+    rows = int(entries[f"{job.plan.name}-prior"]["totals"]["samples"])
+    bad = read_bytes(job.out + "/ledger.jsonl", job.plan.storage_options).decode().count("\n")
+    return {"records_read": rows, "records_embedded": rows - bad, **({"records_bad": bad} if bad else {})}

@@ -8,7 +8,6 @@ exit status 1.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -112,10 +111,5 @@ def job_options(runner: str | None, workers: int | None, flags: list[str]) -> An
         from datacat.beam import pipeline_options
     except ImportError as exc:
         raise BackendUnavailable(f"Beam jobs need apache-beam: pip install 'datacat[beam]' ({exc.name})") from None
-    # The command owns this process: Beam's own chatter (relayed worker notices, optional GCP clients it
-    # looks for) stays out of the output unless it is an error; datacat prints the progress and summary.
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = [*flags, *([f"--runner={runner}"] if runner else [])]
     return pipeline_options(args, workers=workers or os.cpu_count() or 1)

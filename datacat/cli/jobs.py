@@ -10,19 +10,21 @@ starts, never by ``datacat list`` or ``describe``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
 from datacat.cli._shared import catalog_of, err, job_options, out, reports_errors
+from datacat.cli.joblog import job_log
 
 __all__ = ["convert", "embed"]
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
-def _summary(title: str, counters: dict[str, int], catalog_file: str, names: list[str]) -> None:
+def _summary(title: str, counters: dict[str, int], catalog_file: str, names: list[str], log: Path | None) -> None:
     table = Table(title=title)
     table.add_column("counter")
     table.add_column("value", justify="right")
@@ -32,6 +34,8 @@ def _summary(title: str, counters: dict[str, int], catalog_file: str, names: lis
     out.print(f"catalog entry: {catalog_file}", markup=False)
     for name in names:
         out.print(f"load it: datacat --catalog {catalog_file} load {name}", markup=False)
+    if log is not None:
+        out.print(f"Beam's log: {log}", markup=False)
 
 
 def _entries_of(catalog: Any, catalog_file: str) -> list[str]:
@@ -42,6 +46,9 @@ def _entries_of(catalog: Any, catalog_file: str) -> list[str]:
 
 def _runner_options(func: Any) -> Any:
     func = click.option("--runner", default=None, help="A Beam runner (default DirectRunner); its flags follow.")(func)
+    func = click.option(
+        "--verbose", is_flag=True, help="Show Beam's and its workers' log lines here instead of in a log file."
+    )(func)
     return click.option(
         "--workers",
         default=None,
@@ -70,24 +77,26 @@ def convert(
     entry_name: str,
     runner: str | None,
     workers: int | None,
+    verbose: bool,
 ) -> None:
     """Convert NAME (any format, mixtures too) to ArrayRecord shards with their catalog entry, as a Beam job.
 
     Beam's pipeline flags may follow, e.g. --runner DataflowRunner --project P --region R --temp_location gs://B/tmp.
     """
-    options = job_options(runner, workers, list(ctx.args))
-    from datacat.beam.convert import convert as run_convert
+    with job_log("convert", verbose=verbose) as log:
+        options = job_options(runner, workers, list(ctx.args))
+        from datacat.beam.convert import convert as run_convert
 
-    err.print(f"converting {name} to {out} ({layout}, {records_per_shard} records per shard)...", markup=False)
-    catalog_file, counters = run_convert(
-        name,
-        out,
-        catalog=catalog_of(ctx),
-        layout=layout,
-        records_per_shard=records_per_shard,
-        entry_name=entry_name,
-        options=options,
-    )
+        err.print(f"converting {name} to {out} ({layout}, {records_per_shard} records per shard)...", markup=False)
+        catalog_file, counters = run_convert(
+            name,
+            out,
+            catalog=catalog_of(ctx),
+            layout=layout,
+            records_per_shard=records_per_shard,
+            entry_name=entry_name,
+            options=options,
+        )
     from datacat.catalog import load_catalog
     from datacat.verify import verify
 
@@ -95,7 +104,7 @@ def convert(
     names = _entries_of(written, catalog_file)
     for entry in names:  # the manifest `datacat verify` would write: later opens read no footer
         verify(entry, catalog=written)
-    _summary(f"datacat convert {name}", counters, catalog_file, names)
+    _summary(f"datacat convert {name}", counters, catalog_file, names, log)
 
 
 @click.command(context_settings=_PASS_THROUGH)
@@ -107,16 +116,26 @@ def convert(
 @click.pass_context
 @reports_errors
 def embed(
-    ctx: click.Context, name: str, fn: str, out: str, batch_size: int, runner: str | None, workers: int | None
+    ctx: click.Context,
+    name: str,
+    fn: str,
+    out: str,
+    batch_size: int,
+    runner: str | None,
+    workers: int | None,
+    verbose: bool,
 ) -> None:
     """Apply FN to every record of NAME in batches and write DALLE2-style embedding files aligned with its shards."""
-    options = job_options(runner, workers, list(ctx.args))
-    from datacat.beam.embed import embed as run_embed
+    with job_log("embed", verbose=verbose) as log:
+        options = job_options(runner, workers, list(ctx.args))
+        from datacat.beam.embed import embed as run_embed
 
-    err.print(f"embedding {name} with {fn} into {out}...", markup=False)
-    catalog_file, counters = run_embed(name, out, fn, catalog=catalog_of(ctx), batch_size=batch_size, options=options)
+        err.print(f"embedding {name} with {fn} into {out}...", markup=False)
+        catalog_file, counters = run_embed(
+            name, out, fn, catalog=catalog_of(ctx), batch_size=batch_size, options=options
+        )
 
     from datacat.catalog import load_catalog
 
     names = _entries_of(load_catalog([catalog_file]), catalog_file)
-    _summary(f"datacat embed {name}", counters, catalog_file, names)
+    _summary(f"datacat embed {name}", counters, catalog_file, names, log)

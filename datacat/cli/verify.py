@@ -6,6 +6,7 @@ Beam job (its options come from ``datacat.cli._shared.job_options``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from datacat.cli._shared import catalog_of, err, human_bytes, job_options, out, readers_installed, reports_errors
+from datacat.cli.joblog import job_log
 from datacat.errors import OptionError
 
 
@@ -26,6 +28,7 @@ from datacat.errors import OptionError
     help="Run the deep check as a Beam job on this runner (DirectRunner, DataflowRunner, ...); Beam's flags follow.",
 )
 @click.option("--workers", default=None, type=click.IntRange(min=1), help="DirectRunner processes (default: per core).")
+@click.option("--verbose", is_flag=True, help="With --runner: Beam's log lines here instead of in a log file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--root", default=None, help="Replace the entry's root.")
 @click.option("--threads", default=16, show_default=True, type=click.IntRange(min=1), help="Shards read at once.")
@@ -37,6 +40,7 @@ def verify(
     deep: bool,
     runner: str | None,
     workers: int | None,
+    verbose: bool,
     as_json: bool,
     root: str | None,
     threads: int,
@@ -53,15 +57,19 @@ def verify(
     if (runner or workers or ctx.args) and not deep:
         raise OptionError("--runner, --workers and Beam's flags go with --deep: only the deep check is a Beam job")
     deep_check = None
-    if runner or workers or ctx.args:
-        options = job_options(runner, workers, list(ctx.args))
-        from datacat.beam.verify import bad_records_job
+    on_beam = bool(runner or workers or ctx.args)
+    logged = job_log("verify", verbose=verbose) if on_beam else contextlib.nullcontext()
+    with (
+        logged as log,
+        Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+        ) as progress,
+    ):
+        if on_beam:
+            options = job_options(runner, workers, list(ctx.args))
+            from datacat.beam.verify import bad_records_job
 
-        deep_check = functools.partial(bad_records_job, options=options)
-
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    ) as progress:
+            deep_check = functools.partial(bad_records_job, options=options)
         tasks: dict[str, Any] = {}
 
         def advance(stage: str, done: int, total: int) -> None:
@@ -95,5 +103,7 @@ def verify(
         out.print(
             "ok: the shards match the entry." if report.ok else f"{len(report.problems)} problem(s).", markup=False
         )
+    if log is not None:
+        (err if as_json else out).print(f"Beam's log: {log}", markup=False)  # stdout stays JSON with --json
     if not report.ok:
         sys.exit(1)
