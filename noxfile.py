@@ -29,6 +29,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """mypy --strict, then pytest, against the installed package with every extra (one install for both)."""
     session.install(*CONSTRAINTS, ".[all,test]", "mypy", "types-PyYAML")
+    session.install("--no-deps", "./tests/plugin")  # a format from outside datacat, found by its entry point
     # Either torch build passes; say which one this run has (README: the CPU build comes from PyTorch's index).
     session.run("python", "-c", "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)")
     session.run("mypy")
@@ -46,5 +47,6 @@ def typecheck(session: nox.Session) -> None:
 def quick(session: nox.Session) -> None:
     """Lint and the tests marked not slow: the catalog, formats and transforms, in one process."""
     session.install("ruff", *CONSTRAINTS, ".[all,test]")
+    session.install("--no-deps", "./tests/plugin")
     session.run("ruff", "check", *LINTED)
     session.run("pytest", "-m", "not slow", *session.posargs)

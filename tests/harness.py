@@ -20,9 +20,18 @@ import numpy as np
 import datacat
 
 
+def _first_array(batch: dict[str, Any]) -> str:
+    """``image``, or the first key of the batch holding an array (a prior's embeddings, a plugin's vectors)."""
+    if "image" in batch:
+        return "image"
+    return next(k for k, v in batch.items() if k not in ("key", "label") and not isinstance(v, list))
+
+
 def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
     options = dict(load)
     name = options.pop("name")
+    if "catalog_file" in options:  # a catalog of the test's own, not $DATACAT_CATALOG
+        options["catalog"] = datacat.load_catalog(options.pop("catalog_file"))
     state = options.pop("state", None)
     stop_after = options.pop("stop_after", None)
     states_at = options.pop("states_at", [])  # batch counts after which to save the state and go on
@@ -32,7 +41,7 @@ def run_load(framework: str, load: dict[str, Any]) -> dict[str, Any]:
     batches, pixels, arrays, states = [], {}, [], []
     iterator = iter(loader)
     for i, batch in enumerate(iterator):
-        image = batch["image"] if "image" in batch else batch["image_embedding"]  # a prior's rows have no image
+        image = batch[_first_array(batch)]  # rows without an image: their format's first array
         if hasattr(image, "sharding"):  # a jax.Array: record how it is laid out
             arrays.append(
                 {"type": type(image).__name__, "shape": list(image.shape), "devices": len(image.sharding.device_set)}
