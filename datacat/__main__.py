@@ -1,3 +1,5 @@
+"""`python -m datacat`: the datacat command."""
+
 from datacat.cli import main
 
 main()
