@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -41,7 +42,11 @@ PACKAGES = (
 def spread(values: Sequence[float]) -> dict[str, JSON]:
     """Each round's value, their median and their min/max."""
     raw = [float(v) for v in values]
-    return {"rounds": list(raw), "median": statistics.median(raw), "min": min(raw), "max": max(raw)}
+    found = [v for v in raw if math.isfinite(v)]  # a round that gave no figure (NaN) is kept, not counted
+    rounds: list[JSON] = [v if math.isfinite(v) else None for v in raw]
+    if not found:
+        return {"rounds": rounds, "median": None, "min": None, "max": None}
+    return {"rounds": rounds, "median": statistics.median(found), "min": min(found), "max": max(found)}
 
 
 def _git(checkout: Path, *args: str) -> str:
@@ -133,7 +138,11 @@ def markdown_table(rows: Sequence[Sequence[str]]) -> str:
 
 def median_spread(values: Sequence[float], digits: int = 0, unit: str = "") -> str:
     """``median [min-max]`` of a round's values, as the tables show them; just the value for one round."""
-    median = f"{statistics.median(values):.{digits}f}{unit}"
-    if len(values) < 2:
-        return median
-    return f"{median} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+    found = [v for v in values if math.isfinite(v)]
+    if not found:
+        return "no figure"
+    median = f"{statistics.median(found):.{digits}f}{unit}"
+    missing = f" ({len(values) - len(found)} round(s) gave none)" if len(found) < len(values) else ""
+    if len(found) < 2:
+        return median + missing
+    return f"{median} [{min(found):.{digits}f}-{max(found):.{digits}f}]{missing}"
