@@ -50,3 +50,10 @@ def quick(session: nox.Session) -> None:
     session.install("--no-deps", "./tests/plugin")
     session.run("ruff", "check", *LINTED)
     session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, built with --strict: a broken link or reference fails."""
+    session.install(*CONSTRAINTS, ".[docs,images]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", session.create_tmp() + "/site")
