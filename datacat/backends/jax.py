@@ -128,6 +128,7 @@ class JaxLoader(BaseLoader):
         jax_options = jax_options or JaxOptions()
         self.read_threads = jax_options.read_threads
         self.device_put = jax_options.device_put or jax_options.sharding is not None
+        self.arrays = array_keys(plan)  # the batch keys placed on the devices, once per loader
         self.sharding = jax_options.sharding
         self._iterator: Any = None
         self._next: tuple[int, int] | None = None  # the (epoch, batch) self._iterator yields next
@@ -284,7 +285,7 @@ class JaxLoader(BaseLoader):
                 if hasattr(value, "unlink_on_del"):
                     value.unlink_on_del()  # grain's array, deleted now, unlinks the segment's name
         if self.device_put:
-            for key in array_keys(self.plan):
+            for key in self.arrays:
                 if key in batch:
                     batch[key] = jax.make_array_from_process_local_data(self.sharding, batch[key])  # type: ignore[no-untyped-call]
         return batch
