@@ -1,4 +1,4 @@
-"""Sessions: lint, then tests (mypy and pytest in one venv, installed once). `nox` runs both; CI runs `nox`.
+"""Sessions: lint, tests (mypy and pytest in one venv, installed once) and docs (the site, --strict). `nox` runs all three; CI runs `nox`.
 
 `nox -s quick` is the fast subset: lint and the tests that start no process
 (no worker, no subprocess, no emulator), about a minute once its venv exists
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "docs"]
 nox.options.error_on_missing_interpreters = True
 
 CONSTRAINTS = ("-c", "constraints/ci.txt")
