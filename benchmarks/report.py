@@ -24,6 +24,7 @@ BENCHMARKS = {  # name -> what it measures, in the README's order
     "loader_speed": "Images per second at 256 px against this machine's decode limit",
     "referee_before_after": "The referee's datacat loaders before and after a change",
     "memory_scale": "Memory against dataset size",
+    "memory_speed": "Decoded pixels and embedding rows against memcpy",
     "remote_speed": "Loaders on a bucket",
     "catalog_scale": "Start-up costs that grow with a catalog",
     "beam_convert": "`datacat convert` on Beam's DirectRunner",

@@ -32,6 +32,8 @@ from pydantic import BaseModel
 from datacat.errors import BackendUnavailable, OptionError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from datacat.plan import Plan, ShardFacts
 
 __all__ = [
@@ -39,6 +41,8 @@ __all__ = [
     "ENTRY_POINTS",
     "FORMATS",
     "MIXTURE",
+    "BatchFill",
+    "Filled",
     "Format",
     "Implementation",
     "RandomAccessReader",
@@ -138,6 +142,40 @@ Reader = RandomAccessReader | StreamReader
 """What a format's reader is: ``reader.random_access`` tells which."""
 
 
+@dataclasses.dataclass
+class Filled:
+    """What :meth:`BatchFill.fill` read besides the arrays it wrote: each record's other fields, and what it left.
+
+    ``fields`` holds one list per key (``key``, and ``caption`` or ``label``
+    when the records have them), a value per record of the batch. ``left``
+    maps a record's slot to why it was not filled: its error (a bad record,
+    judged by the bad-sample policy as if it had been read one by one), or
+    None to read that record the ordinary way (its fields' values then are
+    placeholders that are not used).
+    """
+
+    fields: dict[str, list[Any]]
+    left: dict[int, Exception | None] = dataclasses.field(default_factory=dict)
+
+
+class BatchFill(Protocol):
+    """A batch's fixed-size arrays read straight into the batch's buffers: no record decoded, nothing copied twice.
+
+    Made by a format's ``fill`` for a plan whose records allow it (pre-resized
+    pixels of the loader's image size, embedding rows, in local files);
+    picklable, as a reader is. ``arrays`` gives each key it fills: the shape
+    of one record's array and its dtype. ``fill(positions, out)`` writes the
+    records at canonical ``positions`` into row ``i`` of each ``out[key]``
+    and returns their other fields (:class:`Filled`); it never raises for a
+    record, only for a shard that cannot be read.
+    """
+
+    @property
+    def arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]]: ...
+
+    def fill(self, positions: Sequence[int], out: Mapping[str, np.ndarray]) -> Filled: ...
+
+
 def _any_name(shard: str) -> bool:
     return True
 
@@ -178,7 +216,10 @@ class Format:
     (the reader keeps that split's records). ``used_here`` is set for a
     format whose native library a forked child cannot use once its parent
     has: it tells whether this process has loaded it (worker processes then
-    start from a forkserver). ``doc`` is the format's page in the reference.
+    start from a forkserver). ``fill(reader, plan)`` is the format's batch
+    path (:class:`BatchFill`): for a plan whose records it can read straight
+    into a batch's buffers, else None (records are then read one by one).
+    ``doc`` is the format's page in the reference.
     """
 
     reader: Callable[[Plan], Reader]
@@ -198,6 +239,7 @@ class Format:
     val_batches: bool = True
     own_validation: Callable[[BaseModel], bool] | None = None
     used_here: Callable[[], bool] | None = None
+    fill: Callable[[Reader, Plan], BatchFill | None] | None = None
     hint: str = ""
     doc: str = ""
 

@@ -18,6 +18,7 @@ from datacat.beam import pipeline_options
 from datacat.beam.convert import convert
 from datacat.beam.embed import embed
 from datacat.cli import main
+from datacat.formats.ar_pixels import PreResizedFill
 from datacat.loading.sources import SampleSource
 
 ONE = pipeline_options(workers=1)  # in this process: pytest's monkeypatches reach the job
@@ -83,7 +84,10 @@ def test_convert_image_folder_pre_resized_gives_the_transform_s_pixels(tmp_path:
     )
     assert counters == {"records_read": 7, "records_written": 7, "records_bad": 0}
     converted = datacat.load_catalog([tmp_path / "c.yaml", written])
-    assert datacat.resolve("photos-converted", catalog=converted).record.layout == "pre_resized"
+    plan = datacat.resolve("photos-converted", catalog=converted)
+    assert plan.record.layout == "pre_resized"
+    fill = SampleSource(plan).fill  # uncompressed, one record a chunk: each shard read straight into batches
+    assert isinstance(fill, PreResizedFill) and all(fill._shard(i) is not None for i in range(len(plan.shards)))
     source = _pixels("photos", catalog)
     for framework in ("torch", "jax"):
         loaded = _batches("photos-converted", framework, converted)

@@ -3,7 +3,9 @@
 `vectors` is not datacat's: it comes from the test package in tests/plugin
 (installed in the test venv, found through its ``datacat.formats`` entry
 point; it touches no file under datacat/), with its own YAML section and a
-non-image batch key. For each format the suite writes 3 shards of 8
+non-image batch key. `pre_resized` is array_record's pre-resized layout as
+`convert` writes it, read by the batch path (datacat.loading.filling), as
+embedding tables are. For each case the suite writes 3 shards of 8
 records and checks: validate, describe, count and verify; exactly once over
 ranks x workers; exact resume; torch and jax agree; a bad record ledgered.
 jax runs only in subprocesses (tests/harness.py), as in test_backends.
@@ -64,6 +66,26 @@ def _array_record(folder: Path, bad: str | None) -> tuple[str, str]:
     return "format: array_record", "location: {root: ., shards: '{0000..0002}.array_record'}\n  record: {key: key}"
 
 
+def _pre_resized(folder: Path, bad: str | None) -> tuple[str, str]:
+    # As `datacat convert --layout pre_resized` writes them: uncompressed, one record a chunk (read by the batch path).
+    from array_record.python import array_record_module
+
+    for shard in range(SHARDS):
+        writer = array_record_module.ArrayRecordWriter(
+            str(folder / f"{shard:04d}.array_record"), "group_size:1,uncompressed"
+        )
+        for i, key in enumerate(_keys(shard)):
+            pixels = np.random.default_rng(shard * PER_SHARD + i).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            image = pixels.tobytes()[: 16 * 16 * 3 - (1 if key == bad else 0)]  # one short: a record that is bad
+            shape = np.array([16, 16], "<i4").tobytes()
+            writer.write(pack_record({"image": image, "shape": shape, "caption": f"caption of {key}", "key": key}))
+        writer.close()
+    return (
+        "format: array_record",
+        "location: {root: ., shards: '{0000..0002}.array_record'}\n  record: {layout: pre_resized, key: key}",
+    )
+
+
 def _embedding_table(folder: Path, bad: str | None) -> tuple[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -85,10 +107,13 @@ BUILDERS: dict[str, tuple[Callable[[Path, str | None], tuple[str, str]], str]] =
     "vectors": (_vectors, "00010003"),
     "webdataset": (_webdataset, "00010003"),
     "array_record": (_array_record, "00010003"),
+    "pre_resized": (_pre_resized, "00010003"),
     "embedding_table": (_embedding_table, "0001:3"),
 }
-"""Each format's data writer and the key its bad variant spoils."""
+"""Each case's data writer and the key its bad variant spoils: every format, and the pre-resized layout."""
 FORMATS = list(BUILDERS)
+FORMAT_OF = {name: "array_record" if name == "pre_resized" else name for name in FORMATS}
+"""Each case's format."""
 
 
 def _dataset(folder: Path, name: str, *, bad: bool = False) -> Path:
@@ -135,13 +160,13 @@ def test_validate_describe_count_and_verify(catalogs: dict[str, Path], name: str
     assert _cli(catalog, "validate").exit_code == 0
     described = _cli(catalog, "describe", ENTRY)
     assert described.exit_code == 0, described.output
-    for line in format_of(name).contract(datacat.resolve(ENTRY, catalog=datacat.load_catalog(catalog))):
+    for line in format_of(FORMAT_OF[name]).contract(datacat.resolve(ENTRY, catalog=datacat.load_catalog(catalog))):
         assert line[:30] in " ".join(described.output.split())  # the format's own rules, printed
     counted = _cli(catalog, "count", ENTRY)
     assert counted.exit_code == 0, counted.output
     assert counted.output.count(f": {PER_SHARD}") == SHARDS
     verified = _cli(catalog, "verify", ENTRY)
-    if format_of(name).shard_facts is None:  # verify says which formats it checks
+    if format_of(FORMAT_OF[name]).shard_facts is None:  # verify says which formats it checks
         assert verified.exit_code == 1 and "verify checks entries of" in verified.output
         assert "vectors" in verified.output
     else:
@@ -149,10 +174,10 @@ def test_validate_describe_count_and_verify(catalogs: dict[str, Path], name: str
         assert f"{SHARDS} shard(s) found" in verified.output and f"{RECORDS} records" in verified.output
 
 
-@pytest.mark.parametrize("name", [n for n in FORMATS if format_of(n).section is not None])
+@pytest.mark.parametrize("name", [n for n in FORMATS if format_of(FORMAT_OF[n]).section is not None])
 def test_a_wrong_key_in_the_formats_own_section_names_the_file_line_and_key(tmp_path: Path, name: str) -> None:
     catalog = _dataset(tmp_path / name, name)
-    section = format_of(name).section
+    section = format_of(FORMAT_OF[name]).section
     text = catalog.read_text().replace(f"{section}: {{dim:", f"{section}: {{dimm: 3, dim:")
     catalog.write_text(text)
     with pytest.raises(datacat.CatalogError) as raised:

@@ -14,12 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from datacat.errors import BackendUnavailable, ShardError
-from datacat.registry import RandomAccessReader, RawItem, Reader, StreamReader, format_of
+from datacat.registry import BatchFill, Filled, RandomAccessReader, RawItem, Reader, StreamReader, format_of
 
 if TYPE_CHECKING:
     from datacat.plan import Plan
 
 __all__ = [
+    "BatchFill",
+    "Filled",
     "RandomAccessReader",
     "RawItem",
     "Reader",

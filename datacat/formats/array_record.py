@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from datacat.cache import cache_dir
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, check_declared, record_caption, riegeli
+from datacat.formats.ar_pixels import pre_resized_fill
 from datacat.formats.ar_shards import (
     check_reachable,
     count_elsewhere,
@@ -38,7 +39,7 @@ from datacat.formats.ar_shards import (
     used_here,
     verify_counter,
 )
-from datacat.formats.packed import unpack_pre_resized, unpack_views
+from datacat.formats.packed import packed_label, unpack_pre_resized, unpack_views
 from datacat.formats.tf_example import example_record, tfds_lengths
 from datacat.registry import Format
 from datacat.storage import is_remote, read_ranges, with_retries
@@ -337,21 +338,11 @@ class ArrayRecordReader:
         out["caption"] = record_caption(entries, caption_keys) if caption_keys else None  # caption: null, image only
         label_key = record.label or ("label" if record.layout == "pre_resized" else None)
         if label_key and label_key in entries:
-            out["label"] = _label(bytes(entries[label_key]))
+            out["label"] = packed_label(bytes(entries[label_key]))
         if record.key and record.key in entries:
             out["__key__"] = str(entries[record.key], "utf-8", "replace")
         out["entries"] = entries
         return out
-
-
-def _label(raw: bytes) -> int:
-    # Written as ascii digits by most packers; a 4- or 8-byte little-endian int otherwise.
-    text = raw.strip()
-    if text and all(c in b"0123456789-" for c in text):
-        return int(text)
-    if len(raw) in (4, 8):
-        return int.from_bytes(raw, "little", signed=True)
-    raise ValueError(f"label {raw!r} is neither an integer text nor a little-endian int")
 
 
 def _contract(plan: Plan) -> list[str]:
@@ -395,6 +386,7 @@ FORMAT = Format(
     _contract,
     used_here=used_here,
     shard_facts=verify_counter,
+    fill=pre_resized_fill,
     doc=__doc__ or "",
     hint="array_record shards need array-record: pip install array-record",
 )

@@ -25,24 +25,27 @@ import concurrent.futures
 import itertools
 import posixpath
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 from datacat.errors import ShardError
-from datacat.formats import RawItem, check_declared
+from datacat.formats import Filled, RawItem, Reader, check_declared
 from datacat.registry import Format
 from datacat.schema import NonNegativeInt, PositiveInt, Section
-from datacat.storage import object_size, open_url, read_ranges
+from datacat.storage import is_remote, object_size, open_url, read_ranges
 
 if TYPE_CHECKING:
     import numpy as np
 
     from datacat.plan import Plan
 
-__all__ = ["FORMAT", "EmbeddingTableReader", "Prior", "npy_header", "prior_of"]
+__all__ = ["FORMAT", "EmbeddingTableReader", "Prior", "RowsFill", "npy_header", "prior_of", "rows_fill"]
 
+CAPTION_BUDGET = 1 << 30
+"""Bytes of captions a process keeps (arrow arrays, every shard a batch touches); past it the oldest shard's go."""
 _HEAD = 4096
 """Bytes read for a ``.npy`` header: enough for any header numpy writes for a 2-d array."""
 
@@ -137,7 +140,8 @@ class EmbeddingTableReader:
         else:
             self.segments = tuple((a, b - a) for a, b in ((0, lo), (hi, total)) if b > a)
         self.segment_starts = tuple(itertools.accumulate((n for _, n in self.segments), initial=0))
-        self._captions: dict[int, list[str]] = {}
+        self._captions: dict[int, Any] = {}  # shard -> its captions (an arrow array)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"EmbeddingTableReader({self.name!r}, shards={len(self.shards)}, rows={len(self)})"
@@ -146,7 +150,11 @@ class EmbeddingTableReader:
         return self.segment_starts[-1]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_captions": {}}
+        return {**self.__dict__, "_captions": {}, "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _open_shard(self, i: int) -> tuple[int, int, int]:
         # Rows, and the data offsets of the image and text arrays, after checking the three files agree.
@@ -202,17 +210,22 @@ class EmbeddingTableReader:
                 2, f"{self.metadata[i]} not found (set prior.captions: false if there is none)", self.metadata[i]
             ) from None
 
-    def _caption_column(self, i: int) -> list[str]:
+    def _caption_column(self, i: int) -> Any:
+        """Shard ``i``'s captions as one arrow string array (nulls as ""), kept while they fit the budget."""
         captions = self._captions.get(i)
         if captions is None:
+            import pyarrow.compute as pc
             import pyarrow.parquet as pq
 
             with open_url(self.metadata[i], self.storage_options) as f:  # seekable: only the caption column is read
                 column = pq.ParquetFile(f).read(columns=["caption"]).column("caption")
-            captions = [c if c is not None else "" for c in column.to_pylist()]
-            if len(self._captions) >= 4:  # a few shards' captions per process, not the dataset's
-                self._captions.pop(next(iter(self._captions)))
-            self._captions[i] = captions
+            captions = pc.fill_null(column.combine_chunks(), "")
+            with self._lock:
+                # Batches drawn from the whole table touch every shard: keep every shard's captions the
+                # budget holds (arrow keeps a column as one buffer), dropping the oldest past it.
+                self._captions[i] = captions
+                while len(self._captions) > 1 and sum(c.nbytes for c in self._captions.values()) > CAPTION_BUDGET:
+                    self._captions.pop(next(iter(self._captions)))
         return captions
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -253,7 +266,7 @@ class EmbeddingTableReader:
             if failed is not None:
                 out.append(failed)
                 continue
-            caption = self._caption_column(shard)[row] if self.prior.captions else None
+            caption = self._caption_column(shard)[row].as_py() if self.prior.captions else None
             out.append(RawItem(f"{self.shards[shard]}:{row}", self.images[shard], index, (image, text, caption)))
         return out
 
@@ -271,6 +284,89 @@ class EmbeddingTableReader:
         if self.prior.captions:
             out["caption"] = str(caption or "")
         return out
+
+
+class RowsFill:
+    """Batches of a local embedding table: each array's rows gathered from its memory-mapped ``.npy`` into the batch.
+
+    One numpy gather per array and shard of the batch (a copy, converted to
+    float32 on the way, that lets the GIL go); only keys and captions are
+    made per row. A row whose image embedding is all zeros is left to the
+    record path, which ledgers it.
+    """
+
+    def __init__(self, reader: EmbeddingTableReader) -> None:
+        import numpy as np
+
+        self.reader = reader
+        self.dim = reader.prior.dim
+        self.segment_starts = np.asarray(reader.segment_starts, dtype=np.int64)
+        self.segment_firsts = np.asarray([first for first, _ in reader.segments] + [0], dtype=np.int64)
+        self.shard_starts = np.asarray(reader.starts, dtype=np.int64)
+        self._maps: dict[tuple[str, int], np.ndarray] = {}
+
+    def __repr__(self) -> str:
+        return f"RowsFill({self.reader.name!r}, dim={self.dim})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": {}}  # each process maps the files itself
+
+    @property
+    def arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]]:
+        keys = ("image_embedding", "text_embedding") if self.reader.prior.text else ("image_embedding",)
+        return {key: ((self.dim,), "float32") for key in keys}
+
+    def _map(self, key: str, shard: int) -> np.ndarray:
+        found = self._maps.get((key, shard))
+        if found is None:
+            import numpy as np
+
+            reader = self.reader
+            image = key == "image_embedding"
+            url = reader.images[shard] if image else reader.texts[shard]
+            offset = reader.image_offsets[shard] if image else reader.text_offsets[shard]
+            found = np.memmap(url, dtype=reader.dtype, mode="r", offset=offset, shape=(reader.rows[shard], self.dim))
+            self._maps[(key, shard)] = found
+        return found
+
+    def fill(self, positions: Sequence[int], out: Mapping[str, np.ndarray]) -> Filled:
+        """The rows at ``positions`` of this split into ``out``'s arrays; their keys and captions."""
+        import numpy as np
+
+        index = np.asarray(positions, dtype=np.int64)
+        segment = np.searchsorted(self.segment_starts, index, side="right") - 1
+        rows = self.segment_firsts[segment] + index - self.segment_starts[segment]
+        shards = np.searchsorted(self.shard_starts, rows, side="right") - 1
+        local = rows - self.shard_starts[shards]
+        present = np.unique(shards)
+        for key, buffer in out.items():
+            for shard in present.tolist():
+                table = self._map(key, shard)
+                if len(present) == 1:
+                    buffer[...] = table[local]
+                else:
+                    chosen = np.flatnonzero(shards == shard)
+                    buffer[chosen] = table[local[chosen]]
+        names = self.reader.shards
+        shard_list, local_list = shards.tolist(), local.tolist()
+        fields: dict[str, list[Any]] = {"key": [f"{names[s]}:{r}" for s, r in zip(shard_list, local_list, strict=True)]}
+        if self.reader.prior.captions:
+            captions: list[Any] = [None] * len(positions)
+            for shard in present.tolist():
+                chosen = np.flatnonzero(shards == shard)
+                values = self.reader._caption_column(shard).take(local[chosen]).to_pylist()
+                for slot, value in zip(chosen.tolist(), values, strict=True):
+                    captions[slot] = value
+            fields["caption"] = captions
+        zero = np.flatnonzero(~out["image_embedding"].any(axis=1))
+        return Filled(fields, dict.fromkeys(zero.tolist()))
+
+
+def rows_fill(reader: Reader, plan: Plan) -> RowsFill | None:
+    """The batch path of an embedding_table plan: local tables, else None (rows one by one)."""
+    if not isinstance(reader, EmbeddingTableReader) or any(is_remote(url) for url in reader.images[:1]):
+        return None
+    return RowsFill(reader)
 
 
 def _names_a_number(shard: str) -> bool:
@@ -311,6 +407,7 @@ FORMAT = Format(
     names_a_shard=_names_a_number,
     shards_are='its shards are file numbers, e.g. shards: "{0000..0009}" for img_emb/img_emb_0000.npy ...',
     rows=True,
+    fill=rows_fill,
     hint="Embedding tables need numpy and pyarrow: pip install 'datacat[images,parquet]'",
     doc=__doc__ or "",
 )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["pack_record", "unpack_pre_resized", "unpack_record", "unpack_views"]
+__all__ = ["pack_record", "packed_label", "unpack_pre_resized", "unpack_record", "unpack_views"]
 
 _U32 = struct.Struct("<I")
 
@@ -83,3 +83,13 @@ def unpack_pre_resized(entries: Mapping[str, bytes] | Mapping[str, memoryview]) 
     import numpy as np  # imported where a shard is read: describing an entry needs none
 
     return np.frombuffer(entries["image"], dtype=np.uint8).reshape(height, width, 3)
+
+
+def packed_label(raw: bytes) -> int:
+    """A packed record's label: ascii digits, as most packers write it, else a 4- or 8-byte little-endian int."""
+    text = raw.strip()
+    if text and all(c in b"0123456789-" for c in text):
+        return int(text)
+    if len(raw) in (4, 8):
+        return int.from_bytes(raw, "little", signed=True)
+    raise ValueError(f"label {raw!r} is neither an integer text nor a little-endian int")

@@ -30,10 +30,20 @@ from datacat.formats.wire import fields, varint
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BLOCK", "ChunkIndex", "Unsupported", "decode_chunk", "read_index", "tail_size"]
+__all__ = [
+    "BLOCK",
+    "BLOCK_HEADER",
+    "ChunkIndex",
+    "Unsupported",
+    "chunk_header",
+    "decode_chunk",
+    "read_index",
+    "tail_size",
+    "without_block_headers",
+]
 
 BLOCK = 1 << 16
-_BLOCK_HEADER = 24
+BLOCK_HEADER = 24
 _CHUNK_HEADER = 40
 _MAGIC = 0x71930E704FDAE05E
 _TAIL = 1 << 20
@@ -132,10 +142,10 @@ def decode_chunk(data: bytes, start: int) -> list[bytes | memoryview]:
     An uncompressed record is a view of ``data`` (or of its copy without
     block headers): nothing is copied for it.
     """
-    body = _without_block_headers(data, start)
+    body = without_block_headers(data, start)
     if len(body) < _CHUNK_HEADER:
         raise ValueError(f"a chunk at {start} is cut short ({len(body)} bytes)")
-    data_size, chunk_type, num_records, decoded_size = _chunk_header(body)
+    data_size, chunk_type, num_records, decoded_size = chunk_header(body)
     payload = memoryview(body)[_CHUNK_HEADER : _CHUNK_HEADER + data_size]  # views: a chunk is copied once, here
     if len(payload) != data_size:
         raise ValueError(f"the chunk at {start} declares {data_size} bytes of data, {len(payload)} are there")
@@ -164,19 +174,21 @@ def decode_chunk(data: bytes, start: int) -> list[bytes | memoryview]:
     return out
 
 
-def _chunk_header(body: bytes) -> tuple[int, bytes, int, int]:
+def chunk_header(body: bytes) -> tuple[int, bytes, int, int]:
+    """(data size, chunk type, records, decoded data size) from a chunk's 40-byte header."""
     _, data_size, _, type_and_count, decoded_size = struct.unpack_from("<QQQQQ", body)
     return data_size, bytes([type_and_count & 0xFF]), type_and_count >> 8, decoded_size
 
 
-def _without_block_headers(data: bytes, start: int) -> bytes:
+def without_block_headers(data: bytes, start: int) -> bytes:
+    """``data``, read from file offset ``start``, without the block headers it holds."""
     first = -start % BLOCK  # offset in ``data`` of the first block boundary
     if first >= len(data):
         return data
     view = memoryview(data)
     pieces = [view[:first]]
     for boundary in range(first, len(data), BLOCK):
-        pieces.append(view[boundary + _BLOCK_HEADER : boundary + BLOCK])
+        pieces.append(view[boundary + BLOCK_HEADER : boundary + BLOCK])
     return b"".join(pieces)
 
 

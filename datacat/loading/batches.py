@@ -18,7 +18,8 @@ import numpy as np
 from datacat.loading.collate import array_keys, collate_numpy
 from datacat.loading.contracts import Records
 from datacat.loading.epochs import cumulative
-from datacat.loading.sources import Fetched
+from datacat.loading.filling import FilledBatch, batch_fill, fill_batch, finish_filled
+from datacat.loading.sources import EpochView, Fetched
 from datacat.storage import retry_count
 from datacat.transforms.ledger import is_marker
 
@@ -56,9 +57,10 @@ class BatchView:
         self.allocate = allocate
         self.starts = cumulative(view.schedule.batch_sizes)
         self.read_ahead = read_ahead if view.random_access else 0
+        self.fill = batch_fill(view)  # the format's batch path: arrays read straight into the batch
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the process's _read_pool, once used
         self._pid = 0
-        self._pending: dict[int, concurrent.futures.Future[list[Fetched]]] = {}
+        self._pending: dict[int, concurrent.futures.Future[list[Fetched] | FilledBatch | None]] = {}
         self._last: int | None = None
         self._upcoming: Sequence[int] | None = None
         self._retried = retry_count()
@@ -81,8 +83,13 @@ class BatchView:
             "_retried": 0,
         }
 
-    def _fetch(self, batch: int) -> list[Fetched]:
-        return self.view.fetch(range(self.starts[batch], self.starts[batch + 1]))
+    def _fetch(self, batch: int) -> list[Fetched] | FilledBatch | None:
+        # A filled batch (None: its shard failed, read it the ordinary way), or the batch's fetched records.
+        indices = range(self.starts[batch], self.starts[batch + 1])
+        if self.fill is not None:
+            assert isinstance(self.view, EpochView)
+            return fill_batch(self.view, self.fill, indices, self.allocate)
+        return self.view.fetch(indices)
 
     def close(self) -> None:
         """Stops reading ahead: pending reads are cancelled (the process's read threads stay for the next view)."""
@@ -99,7 +106,8 @@ class BatchView:
         if not self.read_ahead:
             return
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
-            threads = self.read_ahead if self.view.source.remote else 1  # a local read takes microseconds
+            # A local read takes microseconds, but filling a batch is the whole of its work: threads fill side by side.
+            threads = self.read_ahead if self.view.source.remote else 1
             self._pool, self._pid, self._pending = _read_pool(threads), os.getpid(), {}
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)
@@ -121,6 +129,15 @@ class BatchView:
         future = self._pending.pop(batch, None) if self._pid == os.getpid() else None
         fetched = future.result() if future is not None else self._fetch(batch)
         self._read_ahead(batch)
+        if self.fill is not None:
+            assert isinstance(self.view, EpochView)
+            if fetched is None:
+                fetched = self.view.fetch(range(self.starts[batch], self.starts[batch + 1]))
+            else:
+                assert isinstance(fetched, tuple)
+                collated, filled_marks = finish_filled(self.view, fetched)
+                return {"batch": collated, "marks": filled_marks, "retries": self._retries()}
+        assert isinstance(fetched, list)
         samples: list[dict[str, Any]] = []
         marks: list[dict[str, Any]] = []
         # Images are resized straight into the batch's rows: no per-image array, no copy to collate.
@@ -128,13 +145,14 @@ class BatchView:
         images = (self.allocate or _empty)((len(fetched), size, size, 3)) if self.view.images else None
         for output in self.view.finish(fetched, into=images):
             (marks if is_marker(output) else samples).append(output)
+        collated = collate_numpy(samples, images, self.arrays)
+        return {"batch": collated, "marks": marks, "retries": self._retries()}
+
+    def _retries(self) -> int:
         # Retries made by a worker process since its last batch (prefetch threads included); the
         # loader counts its own process's itself.
         retries, self._retried = retry_count() - self._retried, retry_count()
-        if os.getpid() == self._origin:
-            retries = 0
-        collated = collate_numpy(samples, images, self.arrays)
-        return {"batch": collated, "marks": marks, "retries": retries}
+        return 0 if os.getpid() == self._origin else retries
 
 
 _READ_POOLS: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}

@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from datacat.errors import DatacatError, OptionError, ShardError
-from datacat.formats import RawItem, Reader, open_reader
+from datacat.formats import BatchFill, RawItem, Reader, open_reader
 from datacat.loading.epochs import Schedule, cumulative, locate
 from datacat.loading.options import LoadOptions
 from datacat.loading.shuffle import Feistel, epoch_key, shard_order
 from datacat.plan import Plan
+from datacat.registry import format_of
 from datacat.storage import is_remote
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform, transform_for
@@ -74,6 +75,9 @@ class SampleSource:
         self.reader: Reader = open_reader(plan)
         self.transform = transform_for(plan, tokenize=None if options is None else options.tokenize)
         self.ledger = ledger_for(plan, options)
+        declared = format_of(plan.format).fill
+        # The format's batch path (arrays read straight into a batch), when this plan's records allow it.
+        self.fill: BatchFill | None = None if declared is None else declared(self.reader, plan)
 
     def __repr__(self) -> str:
         return f"SampleSource({self.reader!r}, {self.transform!r}, policy={self.ledger.policy!r})"

@@ -1,0 +1,301 @@
+"""Decoded pixels and embedding rows against one core's memcpy of the same bytes, and the first batch after open.
+
+    python benchmarks/memory_speed.py [--images 1000] [--rows 200000] [--rounds 3] [--workers 2]
+
+Pixels: the benchmarks' photo corpus (corpus.py) converted as a user would,
+``datacat convert --layout pre_resized`` (256x256x3 uint8, one record a
+chunk, uncompressed). Embeddings: an embedding table as clip-retrieval
+writes it (``img_emb``/``text_emb`` float16 [rows, 768] ``.npy`` files and
+``metadata`` parquet captions, 10 shards). Every contender runs in a
+process of its own, rounds alternating, each over the same files (in the
+page cache: the first epoch warms it):
+
+    memcpy            one core's ``np.copyto`` of the same bytes, source and destination
+                      each as large as the whole set (so neither stays in the CPU's cache)
+    array_record      pixels: array_record's own reader, ``read(indices)`` of shuffled
+                      batches, each record's image entry stacked with numpy (one process)
+    numpy memmap      embeddings: ``np.memmap`` of each table, shuffled batches gathered
+                      by fancy indexing and cast to float32 (one process)
+    datacat           torch and jax (grain), with ``--workers`` worker processes and with
+                      none; batches of 64 images or 1024 rows; shuffled
+
+Steady rate: samples a second from the end of a loader's first epoch to the
+end of its fourth (start-up and the first epoch's page faults excluded).
+First batch: seconds from ``datacat.open`` to the first batch, the framework
+already imported (a training script imports it before it opens data).
+Ratios are each contender's steady rate over memcpy's of the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import JSON, median_spread, spread, write_results
+
+SIZE = 256
+DIM = 768
+TABLE_SHARDS = 10
+EPOCHS = 4
+
+
+def _pixels_set(folder: Path, images: int) -> Path:
+    """The corpus, converted to pre-resized shards by ``datacat convert``; the catalog naming ``px``."""
+    from corpus import build_corpus, write_catalog
+
+    out = folder / "pre_resized"
+    catalog = out / "px.yaml"  # the entry convert wrote, with colour jitter off (it is compute, not memory)
+    if catalog.exists():
+        return catalog
+    per_shard = build_corpus(folder / "corpus", images, 4)
+    source = write_catalog(folder / "corpus", per_shard)
+    subprocess.run(
+        [sys.executable, "-m", "datacat", "--catalog", str(source), "convert", "bench-ar", "--out", str(out),
+         "--layout", "pre_resized", "--records-per-shard", str(images // 4), "--entry-name", "px"],
+        check=True,
+    )  # fmt: skip
+    written = (out / "catalog.yaml").read_text()
+    catalog.write_text(written.replace("    val_batches: 0\n", "    val_batches: 0\n    augmentation: none\n"))
+    return catalog
+
+
+def _table_set(folder: Path, rows: int) -> Path:
+    """An embedding table of ``rows`` rows (float16 image and text embeddings, captions); the catalog naming ``emb``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    catalog = folder / "emb.yaml"
+    if catalog.exists():
+        return catalog
+    rng = np.random.default_rng(0)
+    for sub in ("img_emb", "text_emb", "metadata"):
+        (folder / "table" / sub).mkdir(parents=True, exist_ok=True)
+    per = rows // TABLE_SHARDS
+    for shard in range(TABLE_SHARDS):
+        for sub in ("img_emb", "text_emb"):
+            array = rng.standard_normal((per, DIM), dtype=np.float32).astype(np.float16)
+            np.save(folder / "table" / sub / f"{sub}_{shard:04d}.npy", array)
+        captions = pa.table({"caption": [f"a caption of row {shard}:{i}" for i in range(per)]})
+        pq.write_table(captions, folder / "table" / "metadata" / f"metadata_{shard:04d}.parquet")
+    catalog.write_text(
+        f"emb:\n  description: benchmark embedding table\n  format: embedding_table\n"
+        f"  location: {{root: {folder / 'table'}, shards: '{{0000..{TABLE_SHARDS - 1:04d}}}'}}\n"
+        f"  prior: {{dim: {DIM}}}\n"
+    )
+    return catalog
+
+
+def _shards(catalog: Path, name: str) -> list[str]:
+    import datacat
+
+    return [shard.url for shard in datacat.resolve(name, catalog=datacat.load_catalog(catalog)).shards]
+
+
+def run_memcpy(nbytes: int, item_bytes: int) -> dict[str, float]:
+    """One core's copy of ``nbytes`` between two arrays as large: items a second."""
+    source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    target = np.empty_like(source)
+    np.copyto(target, source)  # pages faulted in
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - start)
+    return {"rate": nbytes / item_bytes / float(np.median(times))}
+
+
+def run_array_record(catalog: Path, batch: int) -> dict[str, float]:
+    """array_record's reader over the pre-resized shards: shuffled batches read at once, images stacked."""
+    from array_record.python import array_record_module
+
+    readers = [array_record_module.ArrayRecordReader(url, "readahead_buffer_size:0") for url in _shards(catalog, "px")]
+    counts = [r.num_records() for r in readers]
+    where = [(s, i) for s, n in enumerate(counts) for i in range(n)]
+    head = 4 + 5 + 4  # the packed record's first entry header: 'image' comes first
+    pixels = SIZE * SIZE * 3
+
+    def epoch(seed: int) -> int:
+        order = np.random.default_rng(seed).permutation(len(where))
+        done = 0
+        for start in range(0, len(order), batch):
+            chosen = [where[i] for i in order[start : start + batch]]
+            records: list[bytes] = []
+            for s in sorted({s for s, _ in chosen}):
+                records += readers[s].read([i for t, i in chosen if t == s])
+            stacked = np.stack([np.frombuffer(r, np.uint8, pixels, head) for r in records])
+            done += len(stacked)
+        return done
+
+    epoch(0)
+    start = time.perf_counter()
+    n = sum(epoch(e) for e in range(1, EPOCHS))
+    return {"rate": n / (time.perf_counter() - start)}
+
+
+def run_memmap(catalog: Path, batch: int) -> dict[str, float]:
+    """numpy over the tables: each batch's rows gathered from the memory maps and cast to float32."""
+    import datacat
+
+    plan = datacat.resolve("emb", catalog=datacat.load_catalog(catalog))
+    root = Path(plan.root)
+    maps = [
+        [np.load(root / sub / f"{sub}_{s.name}.npy", mmap_mode="r") for s in plan.shards]
+        for sub in ("img_emb", "text_emb")
+    ]
+    per = len(maps[0][0])
+    total = per * len(plan.shards)
+
+    def epoch(seed: int) -> int:
+        order = np.random.default_rng(seed).permutation(total)
+        done = 0
+        for start in range(0, total, batch):
+            chosen = order[start : start + batch]
+            shard, row = chosen // per, chosen % per
+            for tables in maps:
+                out = np.empty((len(chosen), DIM), np.float32)
+                for s in np.unique(shard):
+                    picked = shard == s
+                    out[picked] = tables[s][row[picked]]
+            done += len(chosen)
+        return done
+
+    epoch(0)
+    start = time.perf_counter()
+    n = sum(epoch(e) for e in range(1, EPOCHS))
+    return {"rate": n / (time.perf_counter() - start)}
+
+
+def run_datacat(catalog: Path, name: str, framework: str, workers: int, batch: int) -> dict[str, float]:
+    """datacat's loader: the first batch after open, and the steady rate from the end of epoch 1 to epoch 4."""
+    import datacat
+
+    if framework == "torch":
+        import torch  # noqa: F401 - imported before open, as a training script does
+    else:
+        import jax  # noqa: F401
+
+    opened = time.perf_counter()
+    loader = datacat.open(
+        name, catalog=datacat.load_catalog(catalog), framework=framework, batch_size=batch, num_workers=workers,
+        epochs=EPOCHS, drop_remainder=True,
+    )  # fmt: skip
+    batches = iter(loader)
+    next(batches)
+    first = time.perf_counter() - opened
+    per_epoch = len(loader)
+    key = "image" if name == "px" else "image_embedding"
+    count, start = 0, 0.0
+    for i, out in enumerate(batches, start=1):
+        _ = out[key]
+        if i == per_epoch:
+            start, count = time.perf_counter(), 0
+        elif i > per_epoch:
+            count += len(out["key"])
+    rate = count / (time.perf_counter() - start)
+    loader.close()
+    return {"rate": rate, "first_batch_s": first}
+
+
+def child(spec: dict[str, Any]) -> dict[str, float]:
+    kind = spec["kind"]
+    if kind == "memcpy":
+        return run_memcpy(spec["nbytes"], spec["item_bytes"])
+    if kind == "array_record":
+        return run_array_record(Path(spec["catalog"]), spec["batch"])
+    if kind == "memmap":
+        return run_memmap(Path(spec["catalog"]), spec["batch"])
+    return run_datacat(Path(spec["catalog"]), spec["name"], spec["framework"], spec["workers"], spec["batch"])
+
+
+def _in_child(spec: dict[str, Any]) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return {"rate": float("nan"), "first_batch_s": float("nan")}
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "datacat-memory-speed")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    args.data.mkdir(parents=True, exist_ok=True)
+    px, emb = _pixels_set(args.data, args.images), _table_set(args.data, args.rows)
+    pixel_bytes, row_bytes = SIZE * SIZE * 3, 2 * DIM * 2  # an image; a row's image and text embeddings
+    sets = {
+        "pixels": (px, "px", 64, {"kind": "memcpy", "nbytes": args.images * pixel_bytes, "item_bytes": pixel_bytes},
+                   {"kind": "array_record", "catalog": str(px), "batch": 64}, "array_record read(batch)"),
+        "embeddings": (emb, "emb", 1024, {"kind": "memcpy", "nbytes": args.rows * row_bytes, "item_bytes": row_bytes},
+                       {"kind": "memmap", "catalog": str(emb), "batch": 1024}, "numpy memmap gather"),
+    }  # fmt: skip
+    loaders = [("torch", args.workers), ("torch", 0), ("jax", args.workers), ("jax", 0)]
+    figures: dict[str, list[float]] = {}
+    for round_ in range(args.rounds):
+        for set_name, (catalog, name, batch, memcpy, plain, _) in sets.items():
+            specs = {"memcpy": memcpy, "plain": plain} | {
+                f"datacat {fw} w={w}": {"catalog": str(catalog), "name": name, "framework": fw, "workers": w,
+                                        "batch": batch, "kind": "datacat"}
+                for fw, w in loaders
+            }  # fmt: skip
+            for label, spec in specs.items():
+                result = _in_child(spec)
+                for figure, value in result.items():
+                    figures.setdefault(f"{set_name}/{label}/{figure}", []).append(value)
+            print(f"round {round_ + 1}/{args.rounds} {set_name} done", file=sys.stderr)
+    out: dict[str, JSON] = {key: spread(values) for key, values in figures.items()}
+    for set_name in sets:  # each contender over memcpy, round by round
+        base = figures[f"{set_name}/memcpy/rate"]
+        for label in ["plain"] + [f"datacat {fw} w={w}" for fw, w in loaders]:
+            rates = figures[f"{set_name}/{label}/rate"]
+            out[f"{set_name}/{label}/of_memcpy"] = spread([r / b for r, b in zip(rates, base, strict=True)])
+    tables = {}
+    for set_name, (_, _, batch, _, _, plain_label) in sets.items():
+        unit = "img/s" if set_name == "pixels" else "rows/s"
+        rows = [["contender", f"steady {unit}", "of memcpy", "first batch s"]]
+        rows.append(["memcpy (one core)", median_spread(figures[f"{set_name}/memcpy/rate"]), "1", ""])
+        for label, shown in [("plain", plain_label)] + [
+            (f"datacat {fw} w={w}", f"datacat {fw}, {w} workers") for fw, w in loaders
+        ]:
+            first = figures.get(f"{set_name}/{label}/first_batch_s")
+            rows.append([
+                shown,
+                median_spread(figures[f"{set_name}/{label}/rate"]),
+                median_spread([r / b for r, b in zip(figures[f"{set_name}/{label}/rate"], figures[f"{set_name}/memcpy/rate"], strict=True)], 2),
+                median_spread(first, 2) if first else "",
+            ])  # fmt: skip
+        tables[f"{set_name.capitalize()} (batches of {batch})"] = rows
+    write_results(
+        "memory_speed",
+        out,
+        rounds=args.rounds,
+        method={"images": args.images, "rows": args.rows, "workers": args.workers, "image_size": SIZE, "dim": DIM,
+                "epochs": EPOCHS, "pixel_batch": 64, "row_batch": 1024},
+        tables=tables,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    main()

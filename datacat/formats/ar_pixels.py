@@ -1,0 +1,287 @@
+"""Pre-resized ArrayRecord records read a batch at a time: each record's pixels copied once, from the file to its row.
+
+A shard written with one record a chunk and no compression (what
+``datacat convert --layout pre_resized`` writes) holds each record's pixels
+as plain bytes at a known place: after the chunk's 40-byte header, its
+compression byte and record sizes, and the packed record's ``image`` entry
+header. The only bytes in between are the 24-byte headers Riegeli puts at
+every 64 KiB block boundary. So the shard is memory-mapped, each record's
+heads are read from the map and checked, and its pixels are copied from
+the map straight into the batch's row, a run between block headers at a
+time (``ctypes.memmove``, which lets the GIL go); the record's other
+entries (shape, caption, key, label) are read as small bytes. Nothing is
+decoded or copied again, and array_record's C++ reader is not loaded.
+
+A record that does not look so (another image size, a compressed or
+grouped shard, damaged heads) is left to the ordinary record path, which
+reads it through array_record and says what is wrong with it. A shard cut
+short while it is mapped would fault the process: shards are immutable
+while a loader reads them, as everywhere in datacat.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from datacat.formats import Filled, Reader, check_declared, record_caption, riegeli
+from datacat.formats.packed import packed_label
+from datacat.formats.wire import varint
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from datacat.formats.array_record import ArrayRecordReader
+    from datacat.plan import Plan
+
+__all__ = ["PreResizedFill", "physical_pieces"]
+
+log = logging.getLogger(__name__)
+
+_HEAD = 128
+"""Bytes read first from a chunk's start: its header, sizes and the record's ``image`` entry header."""
+_memmove = ctypes.memmove
+_HEAD_FIELDS = struct.Struct("<8xQ8xQQBB")
+"""A chunk's header (data size, type and records, decoded size) then its data's compression byte and sizes' length."""
+_ONE_RECORD = (1 << 8) | ord("r")
+"""A simple chunk of one record."""
+_U32 = struct.Struct("<I")
+
+
+def physical_pieces(start: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """(file offset, length) runs holding logical bytes ``[lo, hi)`` of the chunk at file offset ``start``.
+
+    Logical bytes are a chunk's own; the file interleaves a 24-byte block
+    header at every 64 KiB boundary, so consecutive runs are 24 bytes apart.
+    """
+    out: list[tuple[int, int]] = []
+    pos, logical = start, 0
+    if pos % riegeli.BLOCK < riegeli.BLOCK_HEADER:
+        pos += riegeli.BLOCK_HEADER - pos % riegeli.BLOCK
+    while logical < hi:
+        boundary = (pos // riegeli.BLOCK + 1) * riegeli.BLOCK
+        run = min(boundary - pos, hi - logical)
+        first = max(lo, logical)
+        if logical + run > first:
+            out.append((pos + first - logical, logical + run - first))
+        logical += run
+        pos += run
+        if pos == boundary:
+            pos += riegeli.BLOCK_HEADER
+    return out
+
+
+class _Shard:
+    """One local shard mapped for filling: its bytes (a read-only memory map) and chunk index (one record a chunk)."""
+
+    def __init__(self, url: str, fd: int, index: riegeli.ChunkIndex) -> None:
+        import numpy as np
+
+        self.url, self.index = url, index
+        self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        self.bytes = np.frombuffer(self.map, np.uint8)
+        self.address = self.bytes.ctypes.data
+        self.starts = index.starts.tolist()  # plain ints: a numpy scalar a record costs more than the copy
+        self.ends = index.ends.tolist()
+
+    def read(self, position: int, row: int, image_head: bytes) -> bytes | None:
+        """Copies record ``position``'s pixels to address ``row``; its other entries' bytes, or None if it is not plain.
+
+        ``image_head`` is the packed ``image`` entry's header the record must
+        start with (key length 5, ``image``, the pixels' length).
+        """
+        start, end = self.starts[position], self.ends[position]
+        within = start % riegeli.BLOCK
+        if riegeli.BLOCK_HEADER <= within <= riegeli.BLOCK - _HEAD:  # the heads lie inside one block
+            head = self.map[start : start + _HEAD]
+        else:
+            head = riegeli.without_block_headers(self.map[start : min(start + _HEAD, end)], start)
+        if len(head) < _HEAD_FIELDS.size:
+            return None
+        data_size, type_and_count, decoded, compression, sizes_length = _HEAD_FIELDS.unpack_from(head)
+        if type_and_count != _ONE_RECORD or compression or not 0 < sizes_length <= 5:  # one record, uncompressed
+            return None
+        record_length, after = varint(head, _HEAD_FIELDS.size)
+        if after - _HEAD_FIELDS.size != sizes_length or record_length != decoded:
+            return None
+        first = after + len(image_head)  # the pixels' logical offset in the chunk
+        if head[after:first] != image_head:
+            return None
+        pixels = len_pixels(image_head)
+        stop = 40 + data_size
+        pieces = physical_pieces(start, first, stop)
+        if stop - first != decoded - len(image_head) or pieces[-1][0] + pieces[-1][1] > end:
+            return None
+        done = 0
+        rest: list[bytes] = []
+        base = self.address
+        for offset, length in pieces:
+            if done < pixels:  # ctypes lets the GIL go for the copy
+                take = min(length, pixels - done)
+                _memmove(row + done, base + offset, take)
+                done += take
+                offset, length = offset + take, length - take
+            if length:
+                rest.append(self.map[offset : offset + length])
+        return b"".join(rest)
+
+
+def len_pixels(image_head: bytes) -> int:
+    """The pixels' length an ``image`` entry header states."""
+    return int.from_bytes(image_head[-4:], "little")
+
+
+def _entries(data: bytes) -> dict[str, bytes]:
+    """A packed record's entries (as :func:`~datacat.formats.packed.unpack_views`, for a few small ones)."""
+    out: dict[str, bytes] = {}
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < 8:
+            raise ValueError("truncated packed record")
+        (key_length,) = _U32.unpack_from(data, pos)
+        key = data[pos + 4 : pos + 4 + key_length].decode("utf-8")
+        pos += 4 + key_length
+        (value_length,) = _U32.unpack_from(data, pos)
+        pos += 4
+        if pos + value_length > end or key in out:
+            raise ValueError("garbled packed record")
+        out[key] = data[pos : pos + value_length]
+        pos += value_length
+    return out
+
+
+class PreResizedFill:
+    """Batches of a local pre-resized ArrayRecord entry: pixels read straight into the batch's image rows."""
+
+    def __init__(self, reader: ArrayRecordReader, plan: Plan) -> None:
+        self.reader = reader
+        self.size = plan.loading.image_size
+        self.pixels = self.size * self.size * 3
+        self.image_head = struct.pack("<I5sI", 5, b"image", self.pixels)
+        self.shape = struct.pack("<ii", self.size, self.size)
+        record = plan.record
+        self.caption_keys: tuple[str, ...] = (record.caption, "caption") if record.caption else ()
+        self.label_key = record.label or "label"
+        self.key_key = record.key
+        self._shards: dict[int, _Shard | None] = {}
+        self._lock = threading.Lock()  # threads filling batches side by side open each shard once
+
+    def __repr__(self) -> str:
+        return f"PreResizedFill({self.reader.name!r}, size={self.size})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_shards": {}, "_lock": None}  # each process opens the files itself
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]]:
+        return {"image": ((self.size, self.size, 3), "uint8")}
+
+    def _shard(self, i: int) -> _Shard | None:
+        found = self._shards.get(i, False)
+        if found is not False:
+            return found  # type: ignore[return-value]
+        with self._lock:
+            if i not in self._shards:
+                self._shards[i] = self._open(i)
+            return self._shards[i]
+
+    def _open(self, i: int) -> _Shard | None:
+        url = self.reader.urls[i]
+        fd = os.open(url, os.O_RDONLY)
+        try:
+            index = _local_index(fd, url)
+            if index is not None:
+                check_declared([url], [self.reader.counts[i]], [len(index)], kind="ArrayRecord shard ")
+        except BaseException:
+            os.close(fd)
+            raise
+        if index is None or not bool((index.records == 1).all()) or not _uncompressed(fd, index):
+            os.close(fd)
+            log.info(
+                "%s: its records are compressed, grouped or transposed, so they are read one by one; "
+                "`datacat convert --layout pre_resized` writes shards read straight into the batch",
+                url,
+            )
+            return None
+        try:
+            return _Shard(url, fd, index)
+        finally:
+            os.close(fd)  # the map keeps the file
+
+    def fill(self, positions: Sequence[int], out: Mapping[str, np.ndarray]) -> Filled:
+        """Pixels of the records at ``positions`` into ``out["image"]``; their keys, captions and labels."""
+        images = out["image"]
+        if images.shape[1:] != (self.size, self.size, 3) or images.dtype != "uint8" or not images.flags.c_contiguous:
+            raise ValueError(f"{self!r} fills C-contiguous uint8 [n, {self.size}, {self.size}, 3], not {images.shape}")
+        address = images.ctypes.data
+        keys: list[Any] = []
+        captions: list[Any] = []
+        labels: list[Any] = []
+        left: dict[int, Exception | None] = {}
+        reader = self.reader
+        for slot, position in enumerate(positions):
+            shard, local = reader.locate(position)
+            opened = self._shard(shard)
+            rest = None if opened is None else opened.read(local, address + slot * self.pixels, self.image_head)
+            key = caption = label = None
+            if rest is not None:
+                try:
+                    entries = _entries(rest)
+                    if entries.get("shape") != self.shape:
+                        raise ValueError("not this size")
+                    caption = record_caption(entries, self.caption_keys) if self.caption_keys else None
+                    if self.label_key in entries:
+                        label = packed_label(entries[self.label_key])
+                    if self.key_key and self.key_key in entries:
+                        key = str(entries[self.key_key], "utf-8", "replace")
+                except ValueError:  # UnicodeDecodeError too: the record path reads it again and says what is wrong
+                    rest = None
+            if rest is None:
+                left[slot] = None
+            keys.append(key if key is not None else f"{os.path.basename(reader.urls[shard])}:{local}")
+            captions.append(caption)
+            labels.append(label)
+        return Filled({"key": keys, "caption": captions, "label": labels}, left)
+
+
+def _local_index(fd: int, url: str) -> riegeli.ChunkIndex | None:
+    """The chunk index of an open local shard from its footer; None if its chunks are transposed."""
+    size = os.fstat(fd).st_size
+    tail = os.pread(fd, riegeli.tail_size(size), size - riegeli.tail_size(size))
+    try:
+        try:
+            return riegeli.read_index(tail, size)
+        except riegeli.NeedMore as more:
+            return riegeli.read_index(tail, size, os.pread(fd, size - len(tail) - more.offset, more.offset))
+    except riegeli.Unsupported:
+        return None
+    except ValueError:  # not readable here: the record path opens it and names what is wrong
+        return None
+
+
+def _uncompressed(fd: int, index: riegeli.ChunkIndex) -> bool:
+    # The first record chunk's compression byte; a shard is written with one compression throughout.
+    if not len(index.starts):
+        return False
+    start = int(index.starts[0])
+    head = riegeli.without_block_headers(os.pread(fd, _HEAD, start), start)
+    return len(head) > 40 and head[40] == 0
+
+
+def pre_resized_fill(reader: Reader, plan: Plan) -> PreResizedFill | None:
+    """The batch path of an array_record plan: local pre-resized shards, else None (records one by one)."""
+    from datacat.formats.array_record import ArrayRecordReader
+
+    if not isinstance(reader, ArrayRecordReader) or reader.remote or plan.record.layout != "pre_resized":
+        return None
+    return PreResizedFill(reader, plan)

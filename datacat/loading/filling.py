@@ -1,0 +1,125 @@
+"""A batch read straight into its buffers by its format's BatchFill, then finished as the record path finishes one.
+
+The record path reads, parses and transforms each record, then collates.
+When the format can fill a batch (:class:`~datacat.registry.BatchFill`:
+pre-resized pixels, embedding rows), its arrays are written once, into the
+batch's own buffers, and only the small fields (key, caption, label) go
+through Python. What the fill left (a record it could not read as plain
+bytes, a bad row) goes through the record path, alone, into its row; so a
+batch holds the same samples, in the same order, with the same markers for
+the ledger, whichever path made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from datacat.errors import DatacatError
+from datacat.loading import reuse
+from datacat.loading.sources import EpochView
+from datacat.registry import BatchFill, Filled
+from datacat.transforms.augment import augment_image, record_rng
+from datacat.transforms.ledger import is_marker
+from datacat.transforms.sample import ImageTransform
+
+__all__ = ["FilledBatch", "batch_fill", "fill_batch", "finish_filled"]
+
+FilledBatch = tuple[Sequence[int], Sequence[int], dict[str, np.ndarray], Filled]
+"""A batch as filled: its indices in the view, their canonical positions, the buffers, what the fill read."""
+
+
+def batch_fill(view: Any) -> BatchFill | None:
+    """The BatchFill of a view's source, when its transform keeps the filled arrays as they are; else None.
+
+    Captions drawn from class names need each record's rng, so such entries
+    take the record path; a mixture's records come from several sources.
+    """
+    if not isinstance(view, EpochView):
+        return None
+    source = view.source
+    transform = source.transform
+    if isinstance(transform, ImageTransform) and transform.names_path:
+        return None
+    return source.fill
+
+
+def fill_batch(
+    view: EpochView,
+    fill: BatchFill,
+    indices: Sequence[int],
+    allocate: Callable[[tuple[int, ...]], np.ndarray] | None,
+) -> FilledBatch | None:
+    """The records at ``indices`` of ``view`` read into buffers (images from ``allocate``, else reused); None if a shard fails.
+
+    A shard that cannot be read is left to the record path, which marks
+    each of its records with the error as it always has.
+    """
+    positions = view.positions(indices)
+    buffers = {
+        key: allocate((len(positions), *shape))
+        if key == "image" and allocate
+        else reuse.take((len(positions), *shape), dtype)
+        for key, (shape, dtype) in fill.arrays.items()
+    }
+    try:
+        filled = fill.fill(positions, buffers)
+    except (DatacatError, OSError):
+        return None
+    return indices, positions, buffers, filled
+
+
+def finish_filled(view: EpochView, filled_batch: FilledBatch) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The collated batch and the ledger's markers of a filled batch, as the record path would make them."""
+    indices, positions, buffers, filled = filled_batch
+    transform = view.source.transform
+    fields = filled.fields
+    n = len(positions)
+    redone: dict[int, dict[str, Any]] = {}
+    for slot, error in filled.left.items():  # through the record path, alone, into its row
+        if error is not None:
+            redone[slot] = view.source.outcome(error, positions[slot], epoch=view.epoch)
+            continue
+        row = buffers["image"][slot : slot + 1] if "image" in buffers else None
+        (redone[slot],) = view.finish(view.fetch([indices[slot]]), into=row)
+    image_only = isinstance(transform, ImageTransform) and transform.image_only
+    captions = fields.get("caption")
+    if isinstance(transform, ImageTransform) and not image_only and captions is not None:
+        for slot, caption in enumerate(captions):  # the record path's error for a record without a caption
+            if caption is None and slot not in redone:
+                (redone[slot],) = view.finish(view.fetch([indices[slot]]), into=buffers["image"][slot : slot + 1])
+    marks = [redone[slot] for slot in sorted(redone) if is_marker(redone[slot])]
+    good = [slot for slot in range(n) if slot not in redone or not is_marker(redone[slot])]
+
+    def column(key: str) -> list[Any]:
+        if not redone:
+            return fields[key]
+        return [fields[key][slot] if slot not in redone else redone[slot].get(key) for slot in good]
+
+    batch: dict[str, Any] = {"key": column("key")}
+    augment = transform.augment if isinstance(transform, ImageTransform) else None
+    seed = transform.seed if isinstance(transform, ImageTransform) else 0
+    for key, buffer in buffers.items():
+        for slot in redone.keys() & set(good):  # a redone record's array made elsewhere (an embedding row)
+            array = redone[slot][key]
+            if not np.may_share_memory(array, buffer[slot]):
+                buffer[slot] = array
+        if augment is not None and key == "image":
+            for slot in good:
+                if slot not in redone:  # the record path augmented its own
+                    rng = record_rng(seed, int(positions[slot]), view.epoch)
+                    buffer[slot] = augment_image(augment, buffer[slot], rng)
+        if len(good) < n:  # rows after a bad record move up
+            buffer[: len(good)] = buffer[good]
+        batch[key] = buffer[: len(good)]
+    if captions is not None and not image_only:
+        batch["caption"] = column("caption")
+    labels = column("label") if "label" in fields else None
+    if labels and all(label is not None for label in labels):
+        batch["label"] = np.asarray(labels, dtype=np.int64)
+    tokenize = transform.tokenize
+    if tokenize is not None and "caption" in batch:
+        batch["tokens"] = [tokenize(caption) for caption in batch["caption"]]
+    return batch, marks

@@ -1,0 +1,165 @@
+"""The batch path (pre-resized pixels, embedding rows read straight into a batch) gives what the record path gives."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import datacat
+from datacat.formats.array_record import ArrayRecordReader
+from datacat.formats.packed import pack_record
+
+SIZE = 16
+
+
+def _pixels(i: int, size: int = SIZE) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def _write(path: Path, records: list[bytes], options: str = "group_size:1,uncompressed") -> None:
+    from array_record.python import array_record_module
+
+    writer = array_record_module.ArrayRecordWriter(str(path), options)
+    for record in records:
+        writer.write(record)
+    writer.close()
+
+
+def _record(i: int, *, size: int = SIZE, short: bool = False) -> bytes:
+    image = _pixels(i, size).tobytes()
+    return pack_record(
+        {
+            "image": image[:-1] if short else image,
+            "shape": struct.pack("<ii", size, size),
+            "caption": f"caption {i}",
+            "key": f"k{i:04d}",
+            "label": str(i % 7),
+        }
+    )
+
+
+@pytest.fixture
+def pre_resized(tmp_path: Path) -> Path:
+    """Three shards: plain (one record of another size, one cut short), plain again, and zstd-compressed."""
+    plain = [_record(i, size=SIZE + 4 if i == 5 else SIZE, short=i == 9) for i in range(20)]
+    _write(tmp_path / "0000.array_record", plain)
+    _write(tmp_path / "0001.array_record", [_record(i) for i in range(20, 40)])
+    _write(tmp_path / "0002.array_record", [_record(i) for i in range(40, 50)], "group_size:1")  # zstd
+    catalog = tmp_path / "c.yaml"
+    catalog.write_text(
+        "px:\n  description: d\n  format: array_record\n"
+        "  location: {root: ., shards: '{0000..0002}.array_record'}\n"
+        "  record: {layout: pre_resized, key: key}\n"
+        f"  loading: {{image_size: {SIZE}, val_batches: 0, augmentation: flip_only}}\n"
+    )
+    return catalog
+
+
+def _epochs(catalog: Path, name: str, *, fill: bool, **options: Any) -> tuple[list[dict[str, Any]], Any]:
+    options.setdefault("epochs", 2)
+    loader = datacat.open(name, catalog=datacat.load_catalog(catalog), framework="torch", **options)
+    if not fill:
+        loader.source.fill = None  # every record through the record path
+    batches = [{k: (v.numpy().copy() if hasattr(v, "numpy") else v) for k, v in batch.items()} for batch in loader]
+    return batches, loader
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], np.ndarray):
+                assert x[key].dtype == y[key].dtype and np.array_equal(x[key], y[key]), key
+            else:
+                assert x[key] == y[key], key
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pre_resized_batches_equal_the_record_paths_and_only_the_odd_records_take_it(
+    pre_resized: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = {"batch_size": 8, "seed": 5, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
+    expected, _ = _epochs(pre_resized, "px", fill=False, **options)
+    asked: list[int] = []
+    items = ArrayRecordReader.items
+
+    def counted(self: ArrayRecordReader, indices: Any) -> Any:
+        asked.extend(indices)
+        return items(self, indices)
+
+    monkeypatch.setattr(ArrayRecordReader, "items", counted)
+    got, loader = _epochs(pre_resized, "px", fill=True, **options)
+    _same(got, expected)  # keys, captions, labels, flipped pixels, the record resized, the bad one skipped
+    keys = [k for batch in got for k in batch["key"]]
+    assert len(keys) == 2 * 49 and "k0009" not in keys and len(set(keys)) == 49
+    assert [s.key for s in loader.ledger.skipped] == ["0000.array_record:9"] * 2  # its key entry is past the cut
+    if workers == 0:  # counted in this process: the odd size, the short one and the compressed shard's ten
+        assert sorted(set(asked)) == [5, 9, *range(40, 50)]
+
+
+def test_a_batch_held_by_the_loop_is_never_written_over(pre_resized: Path) -> None:
+    loader = datacat.open(
+        "px", catalog=datacat.load_catalog(pre_resized), framework="torch", batch_size=4, epochs=3, seed=1,
+        num_workers=0, on_bad_sample="skip", bad_sample_budget=0.5,
+    )  # fmt: skip
+    held = list(loader)  # every batch kept: none may share memory with a later one
+    copies = [batch["image"].clone() for batch in held]
+    expected, _ = _epochs(pre_resized, "px", fill=False, batch_size=4, epochs=3, seed=1, num_workers=0,
+                          on_bad_sample="skip", bad_sample_budget=0.5)  # fmt: skip
+    for batch, copy, want in zip(held, copies, expected, strict=True):
+        assert np.array_equal(batch["image"].numpy(), copy.numpy())
+        assert np.array_equal(batch["image"].numpy(), want["image"])
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for sub in ("img_emb", "text_emb", "metadata"):
+        (tmp_path / sub).mkdir()
+    for shard in range(3):
+        image = np.random.default_rng(shard).standard_normal((30, 12)).astype(np.float16)
+        if shard == 1:
+            image[4] = 0  # a row the embedding job could not compute
+        np.save(tmp_path / "img_emb" / f"img_emb_{shard:04d}.npy", image)
+        np.save(tmp_path / "text_emb" / f"text_emb_{shard:04d}.npy", image[:, ::-1].copy())
+        pq.write_table(
+            pa.table({"caption": [f"{shard}/{i}" for i in range(30)]}),
+            tmp_path / "metadata" / f"metadata_{shard:04d}.parquet",
+        )
+    catalog = tmp_path / "c.yaml"
+    catalog.write_text(
+        "emb:\n  description: d\n  format: embedding_table\n  location: {root: ., shards: '{0000..0002}'}\n"
+        "  prior: {dim: 12, validation_rows: [10, 20]}\n"
+    )
+    return catalog
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_embedding_rows_equal_the_record_paths(table: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datacat.formats.embedding_table import EmbeddingTableReader
+
+    options = {"batch_size": 16, "seed": 2, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
+    expected, _ = _epochs(table, "emb", fill=False, **options)
+    asked: list[int] = []
+    items = EmbeddingTableReader.items
+
+    def counted(self: EmbeddingTableReader, indices: Any) -> Any:
+        asked.extend(indices)
+        return items(self, indices)
+
+    monkeypatch.setattr(EmbeddingTableReader, "items", counted)
+    got, _ = _epochs(table, "emb", fill=True, **options)
+    if workers == 0:
+        assert sorted(set(asked)) == [24]  # only the all-zero row (row 34 of the split less 10 held) is read alone
+    _same(got, expected)
+    keys = [k for batch in got for k in batch["key"]]
+    assert len(keys) == 2 * 79 and "0001:4" not in keys  # 90 rows, 10 held for validation, 1 all zeros
+    assert got[0]["image_embedding"].dtype == np.float32
+    assert not any(k.startswith("0000:") and 10 <= int(k.split(":")[1]) < 20 for k in keys)
