@@ -130,8 +130,11 @@ class Plan(_Frozen):
                 "samples",
                 "samples_exact",
                 "samples_counted",
+                "batch_size",
             },
         )
+        # The batch size decides the stream only through the holdout it sets (elastic resume may change it).
+        data["holdout_records"] = self.holdout_records
         data["shards"] = [(s["name"], s["url"]) for s in data["shards"]]
         data["components"] = [(c.weight, c.plan._identity()) for c in self.components]
         data["images"] = self.images._identity() if self.images is not None else None

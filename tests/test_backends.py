@@ -183,9 +183,14 @@ def test_state_from_another_plan_is_refused() -> None:
         other.load_state_dict(state)
     other.load_state_dict(state, allow_other_plan=True)
     assert other.batch == 1
+    # Another world size: the epoch goes on where every rank was (tests/test_elastic.py); another batch
+    # size would move the holdout (val_batches x batch_size) and is refused.
     wider = datacat.open("sample-arrayrecord", framework="torch", batch_size=8, seed=1, world_size=2, rank=0)
-    with pytest.raises(datacat.errors.PlanMismatch, match="world_size"):
-        wider.load_state_dict(state)
+    wider.load_state_dict(state)
+    assert wider.batch == 0 and wider.schedule.first == state["position"] == 8
+    larger = datacat.open("sample-arrayrecord", framework="torch", batch_size=4, seed=1, val_batches=2)
+    with pytest.raises(datacat.errors.PlanMismatch, match="fingerprint"):
+        larger.load_state_dict(state)
 
 
 def test_holdout_never_in_training_and_drop_remainder() -> None:

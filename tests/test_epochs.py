@@ -37,12 +37,13 @@ def test_feistel_take_gives_what_indexing_gives_block_by_block(n: int) -> None:
             perm.take(outside)
 
 
-def test_schedule_is_exactly_once_with_equal_batch_counts() -> None:
+@pytest.mark.parametrize("steps", [False, True])
+def test_schedule_is_exactly_once_with_equal_batch_counts(steps: bool) -> None:
     for records, world, batch in itertools.product(range(1, 60), range(1, 6), (1, 3, 4, 8)):
         for drop in (False, True):
             try:
                 schedules = [
-                    plan_schedule(records, rank=r, world_size=world, batch_size=batch, drop_remainder=drop)
+                    plan_schedule(records, rank=r, world_size=world, batch_size=batch, drop_remainder=drop, steps=steps)
                     for r in range(world)
                 ]
             except OptionError:
@@ -50,16 +51,51 @@ def test_schedule_is_exactly_once_with_equal_batch_counts() -> None:
                     not drop and records // world < -(-records // (world * batch))
                 )
                 continue
-            covered = [i for s in schedules for i in range(s.start, s.stop)]
-            assert covered == sorted(set(covered))  # contiguous, no overlap
+            covered = sorted(s.at(i) for s in schedules for i in range(s.count))
+            assert covered == list(range(len(covered)))  # no overlap, no gap: a prefix of the sequence
+            if not steps:
+                assert all([s.at(i) for i in range(s.count)] == list(range(s.start, s.stop)) for s in schedules)
             assert len({s.batches for s in schedules}) == 1
             assert all(0 < size <= batch for s in schedules for size in s.batch_sizes)
-            assert all(sum(s.batch_sizes) == s.stop - s.start for s in schedules)
             if drop:
                 assert all(size == batch for s in schedules for size in s.batch_sizes)
                 assert records - len(covered) < world * batch  # only a tail that fills no batch everywhere
             else:
                 assert len(covered) == records
+
+
+def _order(records: int, world: int, batch: int, first: int = 0) -> list[list[int]]:
+    """Each global step's positions, rank after rank."""
+    schedules = [
+        plan_schedule(records, rank=r, world_size=world, batch_size=batch, drop_remainder=False, first=first)
+        for r in range(world)
+    ]
+    out = []
+    for b in range(schedules[0].batches):
+        step = []
+        for s in schedules:
+            lo = sum(s.batch_sizes[:b])
+            step += [s.at(i) for i in range(lo, lo + s.batch_sizes[b])]
+        out.append(step)
+    return out
+
+
+def test_global_steps_are_a_single_processs_batches_split_and_resume_on_any_world() -> None:
+    records = 1000
+    eight = _order(records, 8, 4)
+    single = _order(records, 1, 32)
+    assert eight[:-2] == single[:-2]  # rank r's batch of step g is the r-th part of one process's batch g
+    assert [p for step in eight for p in step] == list(range(records))
+    schedule = plan_schedule(records, rank=3, world_size=8, batch_size=4, drop_remainder=False)
+    for stopped in (0, 5, 17, len(eight) - 2):
+        position = schedule.position(stopped)
+        assert position == 32 * stopped  # every rank stops at the same global position
+        for world, batch in ((4, 4), (16, 3), (3, 7)):
+            rest = _order(records, world, batch, first=position)
+            delivered = [p for step in eight[:stopped] for p in step] + [p for step in rest for p in step]
+            assert delivered == list(range(records)), (stopped, world, batch)
+    with pytest.raises(OptionError, match="8 records left after the resume point cannot give each of 16 rank"):
+        _order(records, 16, 3, first=schedule.position(len(eight) - 1))  # the last step's 8 records, 16 ranks
 
 
 def test_schedule_refusals_name_the_numbers() -> None:

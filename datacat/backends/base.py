@@ -33,6 +33,8 @@ from datacat.transforms.ledger import Ledger
 __all__ = ["BaseLoader"]
 
 log = logging.getLogger(__name__)
+ELASTIC = ("rank", "world_size", "batch_size")
+"""What a state may differ in and still be continued from, for random access formats (global steps)."""
 HOLDOUT_SHARE = 0.1
 """A holdout over this share of the records is warned of: a default meant for millions met a small set."""
 Outputs = Generator[dict[str, Any], None, None]
@@ -239,6 +241,9 @@ class BaseLoader:
             "shuffle": self.shuffle,
             "num_workers": self.num_workers,
             "records": self.schedule.records,
+            # The global sequence position all ranks have reached: a run on another world size resumes here.
+            "position": self.schedule.position(self.batch) if self.schedule.elastic else None,
+            "first": self.schedule.first,  # where this epoch's batches began, when it was resumed elastically
             "ledger": self.source.ledger.state(),
             "backend": self._backend_state(),
         }
@@ -246,11 +251,27 @@ class BaseLoader:
     def load_state_dict(self, state: dict[str, Any], *, allow_other_plan: bool = False) -> None:
         """Continues from ``state``: the next batch is the one after the last batch it had delivered.
 
-        A state saved for another Plan (other shards, weights, seed, options)
-        or another world layout is refused, unless ``allow_other_plan=True``.
+        A state saved on another world size or per-rank batch size continues
+        a random access format's epoch where every rank had reached (its
+        global sequence position), with exactly the records not yet
+        delivered (elastic resume). A state saved for another Plan (other
+        shards, weights, seed, options), or another world layout of a stream
+        format, is refused unless ``allow_other_plan=True``.
         """
+        if state.get("version") == STATE_VERSION:
+            self._resume_at(int(state["epoch"]), int(state.get("first") or 0))
         schedule = self._schedule(int(state["epoch"])) if state.get("version") == STATE_VERSION else self.schedule
         found = differences(state, self.state_dict(), records=schedule.records, stream=not self.source.random_access)
+        relaid = [line for line in found if line.split(":")[0] in ELASTIC]
+        if relaid and len(relaid) == len(found):
+            if not self.source.random_access or state.get("position") is None:
+                raise PlanMismatch(
+                    f"this state was saved with another world layout ({'; '.join(relaid)}), and {self.plan.name!r} "
+                    "is read front to back per rank: resume on the saved world size and batch size, or convert "
+                    "it to ArrayRecord (datacat convert) to resume on any"
+                )
+            self._resume_elsewhere(state, relaid)
+            return
         if found and not allow_other_plan:
             raise PlanMismatch(
                 f"this state was saved for a different loader of {state.get('plan')!r}: {'; '.join(found)}. "
@@ -267,3 +288,27 @@ class BaseLoader:
         self.batch = int(state["batch"])
         self.source.ledger.restore(state["ledger"])
         self._restored = state.get("backend") or None
+
+    def _resume_at(self, epoch: int, first: int) -> None:
+        # Epoch ``epoch``'s batches begin at sequence position ``first`` (0: its start).
+        resumed = (epoch, first) if first else None
+        if resumed != self.epochs_of.resumed:
+            self.close()  # workers hold the schedules they were started with
+            self.epochs_of.resumed = resumed
+
+    def _resume_elsewhere(self, state: dict[str, Any], relaid: list[str]) -> None:
+        # Elastic: this rank's schedule of the saved epoch from the saved global position, from batch 0.
+        epoch, position = int(state["epoch"]), int(state["position"])
+        self._resume_at(epoch, position)
+        self.schedule = self._schedule(epoch)
+        self.epoch, self.batch = epoch, 0
+        self.source.ledger.restore(state["ledger"])
+        self._restored = None
+        log.info(
+            "%s: resuming epoch %d at record %d of %d on another layout (%s)",
+            self.plan.name,
+            epoch,
+            position,
+            self.schedule.records,
+            "; ".join(relaid),
+        )

@@ -142,8 +142,18 @@ class JaxLoader(BaseLoader):
         if self.device_put:
             devices = jax.local_device_count()
             if self.sharding is None:
-                mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
+                # A 1-D mesh over every process's devices, each process's together and in process order: a batch
+                # is one global array whose rows are rank 0's records, then rank 1's, ... (one global step), each
+                # process contributing its own to the shards it addresses.
+                everywhere = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+                mesh = jax.sharding.Mesh(np.array(everywhere), ("data",))
                 self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))  # type: ignore[no-untyped-call]
+            if jax.process_count() > 1 and len(set(self.schedule.batch_sizes)) > 1:
+                raise OptionError(
+                    f"{plan.name}: a global jax array over {jax.process_count()} processes needs every process's "
+                    f"batches of one size; this schedule has batches of {sorted(set(self.schedule.batch_sizes))}. "
+                    "Pass drop_remainder=True"
+                )
             if any(size % devices for size in self.schedule.batch_sizes):
                 raise OptionError(
                     f"{plan.name}: jax arrays split over {devices} local device(s) need every batch size divisible by it; "

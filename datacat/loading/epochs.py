@@ -6,11 +6,21 @@ same records in the same order for the same Plan, seed and epoch:
 - The epoch's sequence is a permutation of the selected records (random
   access formats: a keyed Feistel bijection, :mod:`datacat.loading.shuffle`),
   or the shards in a permuted order read front to back (stream formats).
-- Each rank reads one contiguous slice of that sequence. Slices differ by
-  at most one record, and every rank gets the same number of batches: with
-  ``drop_remainder`` the tail that fills no batch on every rank is dropped
-  (documented), without it the last batches of a rank are made smaller
-  rather than missing, so a rank never waits for a batch that does not come.
+- Random access formats are read in **global steps**: step ``g`` covers the
+  next ``batch_size x world_size`` positions of the sequence, each rank
+  taking its contiguous share, so the records delivered after any step are
+  a prefix of the sequence whatever the world size, and a rank's order for
+  W ranks and batch B is a single process's with batch B x W, split. A run
+  resumed on another world size or batch size starts its steps where the
+  saved run's stopped (``first``): elastic resume. The last step is
+  smaller; when it would leave a rank without a record it shares the step
+  before it.
+- Stream formats give each rank one contiguous slice (each reads its shards
+  front to back). Slices differ by at most one record.
+- Every rank gets the same number of batches: with ``drop_remainder`` the
+  tail that fills no batch on every rank is dropped (documented), without
+  it the last batches are made smaller rather than missing, so a rank never
+  waits for a batch that does not come.
 - Every record of the split is delivered exactly once per epoch.
 """
 
@@ -28,24 +38,71 @@ __all__ = ["Schedule", "cumulative", "locate", "plan_schedule", "round_robin_con
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """One rank's part of an epoch: a slice of the sequence and the sizes of its batches."""
+    """One rank's part of an epoch: the sizes of its batches and where each begins in the epoch's sequence.
+
+    Built with ``batch_starts`` None, the batches lie one after another from
+    ``start`` (one contiguous slice, ``[start, stop)``).
+    """
 
     records: int
     """Records in the epoch's sequence, all ranks together."""
     start: int
     stop: int
     batch_sizes: tuple[int, ...]
+    batch_starts: tuple[int, ...] | None = None
+    steps: tuple[int, ...] = ()
+    """Records all ranks take at each step (global steps only): the global position after ``b`` batches is
+    ``first + sum(steps[:b])``."""
+    first: int = 0
+    """The sequence position the steps begin at: records before it were delivered before a resume."""
+
+    def __post_init__(self) -> None:
+        if self.batch_starts is None:
+            starts = itertools.accumulate(self.batch_sizes[:-1], initial=self.start)
+            object.__setattr__(self, "batch_starts", tuple(starts) if self.batch_sizes else ())
+        object.__setattr__(self, "_offsets", tuple(itertools.accumulate(self.batch_sizes, initial=0)))
 
     @property
     def batches(self) -> int:
         return len(self.batch_sizes)
 
+    @property
+    def count(self) -> int:
+        """Records this rank reads."""
+        return sum(self.batch_sizes)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether this schedule is in global steps (so a run may resume on another world size)."""
+        return bool(self.steps) or (self.batches == 0 and self.first > 0)
+
+    def at(self, index: int) -> int:
+        """The sequence position of this rank's ``index``-th record."""
+        offsets: tuple[int, ...] = self._offsets  # type: ignore[attr-defined]
+        batch = bisect.bisect_right(offsets, index) - 1
+        assert self.batch_starts is not None
+        return self.batch_starts[batch] + index - offsets[batch]
+
+    def position(self, batches: int) -> int:
+        """The global sequence position once every rank has taken ``batches`` batches (global steps only)."""
+        return self.first + sum(self.steps[:batches])
+
 
 def plan_schedule(
-    records: int, *, rank: int, world_size: int, batch_size: int, drop_remainder: bool, name: str = ""
+    records: int,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    drop_remainder: bool,
+    name: str = "",
+    steps: bool = True,
+    first: int = 0,
 ) -> Schedule:
-    """The slice and batch sizes of ``rank``, such that every rank has the same number of batches.
+    """The batches of ``rank``, such that every rank has the same number of batches.
 
+    ``steps``: in global steps from sequence position ``first`` (random
+    access formats); else one contiguous slice a rank (stream formats).
     Raises ``OptionError`` naming the numbers when the records cannot give
     every rank at least one batch.
     """
@@ -53,6 +110,10 @@ def plan_schedule(
         raise OptionError(f"rank {rank} is outside a world of {world_size}")
     if batch_size < 1:
         raise OptionError(f"batch_size must be at least 1, not {batch_size}")
+    if not 0 <= first <= records:
+        raise OptionError(f"{name}: a resume at record {first} is outside the epoch's {records} records")
+    if steps:
+        return _global_steps(records, rank, world_size, batch_size, drop_remainder, name, first)
     what = f"{name}: " if name else ""
     if drop_remainder:
         per_rank_batches = records // (world_size * batch_size)
@@ -79,6 +140,39 @@ def plan_schedule(
         sizes.append(size)
         left -= size
     return Schedule(records, start, start + count, tuple(sizes))
+
+
+def _global_steps(
+    records: int, rank: int, world: int, batch: int, drop_remainder: bool, name: str, first: int
+) -> Schedule:
+    what = f"{name}: " if name else ""
+    left, step = records - first, batch * world
+    if drop_remainder:
+        sizes = [step] * (left // step)
+        if not sizes and first == 0:
+            raise OptionError(
+                f"{what}{records} records cannot fill one batch of {batch} on each of {world} rank(s); "
+                "lower batch_size or pass drop_remainder=False"
+            )
+    else:
+        sizes = [step] * (left // step) + ([left % step] if left % step else [])
+        if len(sizes) > 1 and sizes[-1] < world:  # the last step would leave a rank without a record
+            both = sizes[-2] + sizes.pop()
+            sizes[-1:] = [both - both // 2, both // 2]
+        if any(size < world for size in sizes):
+            raise OptionError(
+                f"{what}{left} records{' left after the resume point' if first else ''} cannot give each of "
+                f"{world} rank(s) the same number of batches of at most {batch}; lower world_size or batch_size"
+            )
+    starts, mine = [], []
+    at = first
+    for size in sizes:
+        base, extra = divmod(size, world)
+        starts.append(at + rank * base + min(rank, extra))
+        mine.append(base + (1 if rank < extra else 0))
+        at += size
+    lo = starts[0] if starts else first
+    return Schedule(records, lo, lo + sum(mine), tuple(mine), tuple(starts), tuple(sizes), first)
 
 
 def round_robin_consumed(lengths: Sequence[int], taken: int) -> list[int]:

@@ -204,13 +204,13 @@ class MixtureView:
         self._views: dict[tuple[int, int], EpochView] = {}
 
     def __len__(self) -> int:
-        return self.schedule.stop - self.schedule.start
+        return self.schedule.count
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_views": {}}
 
     def __repr__(self) -> str:
-        return f"MixtureView({self.source.plan.name!r}, epoch={self.epoch}, records {self.schedule.start}..{self.schedule.stop})"
+        return f"MixtureView({self.source.plan.name!r}, epoch={self.epoch}, {self.schedule.count} records)"
 
     @property
     def image_size(self) -> int:
@@ -221,7 +221,7 @@ class MixtureView:
         if not 0 <= index < len(self):
             raise IndexError(index)
         draws = _draws(self.source.sizes, self.source.weights, self.source.exhaustion, self.key)
-        return draws.locate(self.schedule.start + index)
+        return draws.locate(self.schedule.at(index))
 
     def _component_view(self, component: int, round_: int) -> EpochView:
         key = (component, round_)

@@ -99,9 +99,11 @@ class JaxOptions:
     """What only the jax backend understands: device placement and grain's reader threads."""
 
     device_put: bool = False
-    """Batches as global ``jax.Array`` s over the local devices (implied by ``sharding``)."""
+    """Batches as global ``jax.Array`` s (implied by ``sharding``): under ``jax.distributed``, of the global batch
+    over every process's devices, each process's records on the devices it addresses."""
     sharding: jax.sharding.Sharding | None = None
-    """How batches are laid out; None with ``device_put``: split over the local devices along ``data``."""
+    """How batches are laid out; None with ``device_put``: split along ``data`` over ``jax.devices()``, process by
+    process."""
     read_threads: int = 1
     """grain reader threads in each process."""
 

@@ -35,13 +35,15 @@ class Epochs:
         self.rank, self.world_size = options.place
         self.batch_size, self.drop_remainder = options.batch_size, options.drop_remainder
         self.origin = os.getpid()  # the loader's process: workers report their retries to it
+        self.resumed: tuple[int, int] | None = None  # (epoch, sequence position) an elastic resume starts from
         self.allocate: Allocate | None = None  # where batches are collated; a backend may give shared memory
 
     def __repr__(self) -> str:
         return f"Epochs({self.name!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
 
     def schedule(self, epoch: int) -> Schedule:
-        """Which records of epoch ``epoch`` this rank reads, in which batches."""
+        """Which records of epoch ``epoch`` this rank reads, in which batches (from the resume point, if resumed there)."""
+        resumed = self.resumed
         return plan_schedule(
             self.source.epoch_length(self.seed, epoch),
             rank=self.rank,
@@ -49,6 +51,8 @@ class Epochs:
             batch_size=self.batch_size,
             drop_remainder=self.drop_remainder,
             name=self.name,
+            steps=self.source.random_access,
+            first=resumed[1] if resumed is not None and resumed[0] == epoch else 0,
         )
 
     def batches(self, epoch: int) -> BatchView:

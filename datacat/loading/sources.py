@@ -190,7 +190,7 @@ class EpochView:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return self.schedule.stop - self.schedule.start
+        return self.schedule.count
 
     @property
     def image_size(self) -> int:
@@ -216,13 +216,13 @@ class EpochView:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"EpochView({self.source.plan.name!r}, epoch={self.epoch}, records {self.schedule.start}..{self.schedule.stop})"
+        return f"EpochView({self.source.plan.name!r}, epoch={self.epoch}, {self.schedule.count} records)"
 
     def position(self, index: int) -> int:
         """The canonical position of the record at ``index`` of this rank's slice."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        j = self.schedule.start + index
+        j = self.schedule.at(index)
         if self.source.random_access:
             return self.first + (self.permutation[j] if self.permutation is not None else j)
         part, offset = locate(self.span_starts, j)
@@ -235,10 +235,10 @@ class EpochView:
             return [self.position(i) for i in indices]
         if min(indices) < 0 or max(indices) >= len(self):
             raise IndexError(min(indices) if min(indices) < 0 else max(indices))
-        start, first = self.schedule.start, self.first
+        first, sequence = self.first, [self.schedule.at(i) for i in indices]
         if self.permutation is None:
-            return [first + start + i for i in indices]
-        return [first + p for p in self.permutation.take([start + i for i in indices])]
+            return [first + j for j in sequence]
+        return [first + p for p in self.permutation.take(sequence)]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return finish(self.fetch([index]))[0]
@@ -265,7 +265,7 @@ class EpochView:
         # The next record of a stream, read front to back from the open shard.
         reader = self.source.reader
         assert not reader.random_access, "random-access records are fetched by items()"
-        part, offset = locate(self.span_starts, self.schedule.start + index)
+        part, offset = locate(self.span_starts, self.schedule.at(index))
         shard, begin, _ = self.spans[part]
         local = begin + offset
         with self._lock:
