@@ -34,7 +34,7 @@ def _noisy_jpeg(seed: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SHARDS tars and ArrayRecord files of PER_SHARD noisy JPEGs (~0.8 MB a shard) with their captions."""
+    """SHARDS tars and ArrayRecord files of PER_SHARD noisy JPEGs (~18 KB each, ~430 KB a shard) with their captions."""
     from datacat.formats.packed import pack_record
 
     folder = tmp_path_factory.mktemp("s3-shards")
@@ -95,14 +95,15 @@ def test_s3_entries_deliver_every_record_once_as_the_local_copy(s3, shards: Path
             assert sorted(keys) == EXPECTED, (name, workers)
 
 
-def test_s3_records_are_read_by_their_exact_byte_ranges(s3, tmp_path: Path) -> None:
+def test_s3_records_are_read_by_their_exact_byte_ranges(s3, shards: Path, tmp_path: Path) -> None:
     """After the open (the tar index, the ArrayRecord chunk index), two records cost two small closed ranges."""
     import re
 
     from datacat.loading.sources import SampleSource
 
     catalog = _catalog(tmp_path, "s3://datacat-test", s3.url)
-    for name in ("star", "sar"):
+    for name, local in (("star", "tar/0000.tar"), ("sar", "ar/0000.array_record")):
+        shard_size = (shards / local).stat().st_size
         reader = SampleSource(datacat.resolve(name, catalog=catalog, image_size=16)).reader
         s3.reset_counts()
         items = reader.items([3, PER_SHARD + 5])
@@ -114,7 +115,7 @@ def test_s3_records_are_read_by_their_exact_byte_ranges(s3, tmp_path: Path) -> N
             m == "GET" and rng and re.fullmatch(r"bytes=\d+-\d+", rng) for m, _, rng in gets
         ), gets
         asked = sum(int(b) - int(a) + 1 for _, _, rng in gets for a, b in [rng.removeprefix("bytes=").split("-")])
-        assert asked < 2 * 80_000, (name, gets)  # two records of ~40 KB, not shards of ~1 MB
+        assert asked < shard_size / 8, (name, shard_size, gets)  # two records of ~18 KB, not shards of ~430 KB
         assert s3.bytes_served < asked + 4096, (name, s3.bytes_served, asked)
         if name == "star":  # exactly each sample's span from the tar index
             spans = [reader._span(*reader.locate(i)) for i in (3, PER_SHARD + 5)]

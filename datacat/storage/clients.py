@@ -29,14 +29,6 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any
     options = dict(storage_options or {})
     if url.startswith(("gs://", "gcs://")):
         options.setdefault("requests_timeout", read_timeout())  # each HTTP request of a streamed read, too
-    elif url.startswith(("s3://", "s3a://")):
-        # botocore's own deadlines on each request (a streamed read's too): 60 s each by default, and
-        # botocore and s3fs retry a timed-out request up to 5 times each.
-        options["config_kwargs"] = {
-            "connect_timeout": connect_timeout(),
-            "read_timeout": read_timeout(),
-            **dict(options.get("config_kwargs") or {}),
-        }
     client = (url.split("://", 1)[0], repr(sorted(options.items())), os.getpid())
     try:
         import fsspec  # imported with the first read: validating and describing an entry reads nothing
