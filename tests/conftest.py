@@ -70,3 +70,43 @@ def gcs_emulator():
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="datacat-test-hf-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "datacat-test",  # moto takes any credentials; these keep botocore off ~/.aws and IMDS
+    "AWS_SECRET_ACCESS_KEY": "datacat-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 server in a subprocess on 127.0.0.1 with the bucket ``datacat-test``, and a fault proxy before it.
+
+    Yields the :class:`~s3_server.S3Proxy`; ``.upstream_url`` is moto's own URL. Dummy AWS credentials and
+    region are set in the environment (worker processes inherit them); the endpoint is each entry's
+    ``storage_options: {endpoint_url: ...}``.
+    """
+    pytest.importorskip("moto.server", reason="needs moto[server] (the [test] extra)")
+    s3fs = pytest.importorskip("s3fs", reason="needs s3fs (the [s3] extra)")
+    from s3_server import MotoServer, S3Proxy
+
+    saved = {k: os.environ.get(k) for k in S3_ENV}
+    os.environ.update(S3_ENV)
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
+    proxy = S3Proxy(server.url).start()
+    proxy.upstream_url = server.url  # type: ignore[attr-defined]
+    try:
+        s3fs.S3FileSystem(endpoint_url=server.url, skip_instance_cache=True).mkdir("datacat-test")
+        yield proxy
+    finally:
+        proxy.stop()
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -236,7 +236,84 @@ def test_classifying_imports_no_storage_library() -> None:
         "import sys\n"
         "from datacat.storage.errors import classify\n"
         "assert classify(ConnectionResetError()) is not None and classify(KeyError()) is None\n"
-        "print(sorted(m for m in ('gcsfs', 'aiohttp', 'fsspec', 'google.auth', 'requests') if m in sys.modules))\n"
+        "print(sorted(m for m in ('gcsfs', 'aiohttp', 'fsspec', 'google.auth', 'requests', 's3fs', 'botocore') "
+        "if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _s3_errors() -> list[tuple[BaseException, Meaning]]:
+    """botocore's exceptions as s3fs meets them, and the built-in ones s3fs makes of S3's answers."""
+    botocore = pytest.importorskip("botocore.exceptions", reason="needs botocore (the [s3] extra)")
+    from botocore.parsers import ResponseParserError
+    from s3fs.errors import translate_boto_error
+
+    def answer(status: int, code: str) -> BaseException:
+        response = {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+        return botocore.ClientError(response, "GetObject")  # type: ignore[arg-type]
+
+    endpoint = "http://127.0.0.1:9/bucket/shard-0001.tar"
+    return [
+        (answer(503, "SlowDown"), Meaning.TRANSIENT),
+        (answer(500, "InternalError"), Meaning.TRANSIENT),
+        (answer(400, "RequestTimeout"), Meaning.TRANSIENT),
+        (answer(404, "NoSuchKey"), Meaning.MISSING),
+        (answer(403, "AccessDenied"), Meaning.REFUSED),
+        (answer(400, "InvalidArgument"), Meaning.REFUSED),
+        # What s3fs raises once its retries end: a built-in error, S3's answer its cause.
+        (translate_boto_error(answer(503, "ServiceUnavailable")), Meaning.TRANSIENT),
+        (translate_boto_error(answer(500, "InternalError")), Meaning.TRANSIENT),
+        (translate_boto_error(answer(404, "NoSuchKey")), Meaning.MISSING),
+        (translate_boto_error(answer(403, "InvalidAccessKeyId")), Meaning.REFUSED),
+        (translate_boto_error(answer(403, "SignatureDoesNotMatch")), Meaning.REFUSED),
+        (translate_boto_error(answer(400, "InvalidRange")), Meaning.REFUSED),
+        (botocore.EndpointConnectionError(endpoint_url=endpoint), Meaning.TRANSIENT),
+        (botocore.ConnectTimeoutError(endpoint_url=endpoint), Meaning.TRANSIENT),
+        (botocore.ReadTimeoutError(endpoint_url=endpoint), Meaning.TRANSIENT),  # an OSError too
+        (botocore.ConnectionClosedError(endpoint_url=endpoint), Meaning.TRANSIENT),
+        (botocore.ResponseStreamingError(error="cut short"), Meaning.TRANSIENT),
+        (botocore.IncompleteReadError(actual_bytes=1, expected_bytes=2), Meaning.TRANSIENT),
+        (ResponseParserError("not XML"), Meaning.TRANSIENT),
+        (botocore.NoCredentialsError(), Meaning.REFUSED),
+        (botocore.PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"), Meaning.REFUSED),
+    ]
+
+
+def test_s3_client_exceptions_have_their_meaning_by_type() -> None:
+    for exc, meaning in _s3_errors():
+        assert classify(exc) is meaning, (type(exc).__name__, exc)
+
+
+def test_an_s3_slow_down_is_retried_and_a_denial_is_datacats_error_naming_the_url() -> None:
+    pytest.importorskip("s3fs", reason="needs s3fs (the [s3] extra)")
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    url = "s3://bucket/shard-0001.tar"
+    slow = {
+        "Error": {"Code": "SlowDown", "Message": "reduce your request rate"},
+        "ResponseMetadata": {"HTTPStatusCode": 503},
+    }
+    failures = [translate_boto_error(ClientError(slow, "GetObject")) for _ in range(2)]  # type: ignore[arg-type]
+
+    def read() -> bytes:
+        if failures:
+            raise failures.pop()
+        return b"ok"
+
+    before = retry_count()
+    assert with_retries(read, url) == b"ok" and retry_count() - before == 2
+    denied = {
+        "Error": {"Code": "AccessDenied", "Message": "Access Denied"},
+        "ResponseMetadata": {"HTTPStatusCode": 403},
+    }
+
+    def refused() -> bytes:
+        raise translate_boto_error(ClientError(denied, "GetObject"))  # type: ignore[arg-type]
+
+    with pytest.raises(
+        ShardError, match=r"cannot read s3://bucket/shard-0001\.tar: PermissionError: Access Denied"
+    ) as raised:
+        with_retries(refused, url)
+    assert raised.value.url == url

@@ -43,7 +43,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any
             _made.add(client)
             return made
     except ImportError as exc:
-        extra = "gcs" if url.startswith(("gs://", "gcs://")) else None
+        extra = "gcs" if url.startswith(("gs://", "gcs://")) else "s3" if url.startswith(("s3://", "s3a://")) else None
         hint = f"pip install 'datacat[{extra}]'" if extra else f"install the fsspec backend for it ({exc})"
         raise BackendUnavailable(f"reading {url} needs {exc.name or 'its fsspec backend'}: {hint}") from None
 

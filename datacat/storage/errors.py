@@ -68,11 +68,51 @@ def _of_status(code: object) -> Meaning:
     return Meaning.REFUSED
 
 
+_S3_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "ThrottlingException"}
+)
+
+
+def _s3_answer(exc: BaseException) -> Meaning:
+    """botocore's ``ClientError`` (S3's answer): by its HTTP status, or its error code where it names a throttle."""
+    response = getattr(exc, "response", None) or {}
+    if response.get("Error", {}).get("Code") in _S3_TRANSIENT_CODES:
+        return Meaning.TRANSIENT
+    if response.get("Error", {}).get("Code") in ("NoSuchKey", "NoSuchBucket"):
+        return Meaning.MISSING
+    return _of_status(response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+
+def _os_error(exc: BaseException) -> Meaning:
+    """Any other ``OSError``: refused, unless s3fs made it of S3's answer (its cause), which then decides.
+
+    s3fs turns botocore's ``ClientError`` into a built-in error: the specific
+    ones (``FileNotFoundError``, ``PermissionError``, ``TimeoutError``) match
+    above; a 503 ``SlowDown`` or a 500 ``InternalError`` becomes a plain
+    ``OSError`` (EBUSY, EREMOTEIO) with the ``ClientError`` as its cause or
+    context, which says it is transient.
+    """
+    answer = _known_type("botocore.exceptions:ClientError")
+    cause = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+    if answer is not None and isinstance(cause, answer):
+        return _s3_answer(cause)
+    return Meaning.REFUSED
+
+
 Classifier = Meaning | Callable[[BaseException], Meaning]
 
 KNOWN: tuple[tuple[str, Classifier], ...] = (
     # fsspec: its deadline on a whole call (a TimeoutError subclass, so before the built-in one).
     ("fsspec.exceptions:FSTimeoutError", Meaning.DEADLINE),
+    # botocore (s3fs's client, through aiobotocore), raised as it is once s3fs's own retries end: S3's
+    # answer; a refused, dropped or timed-out connection (ReadTimeoutError is an OSError too, so it comes
+    # first), a body cut short or unparsable; anything else (no credentials, a bad config) refused.
+    ("botocore.exceptions:ClientError", _s3_answer),
+    ("botocore.exceptions:ConnectionError", Meaning.TRANSIENT),
+    ("botocore.exceptions:HTTPClientError", Meaning.TRANSIENT),
+    ("botocore.exceptions:IncompleteReadError", Meaning.TRANSIENT),
+    ("botocore.parsers:ResponseParserError", Meaning.TRANSIENT),
+    ("botocore.exceptions:BotoCoreError", Meaning.REFUSED),
     # The built-in OSError family, which every client raises for a missing object.
     ("builtins:FileNotFoundError", Meaning.MISSING),
     ("builtins:IsADirectoryError", Meaning.REFUSED),
@@ -95,10 +135,11 @@ KNOWN: tuple[tuple[str, Classifier], ...] = (
     ("requests.exceptions:Timeout", Meaning.TRANSIENT),
     ("requests.exceptions:RequestException", Meaning.REFUSED),
     # The rest of the OSError family: a reset or refused connection and one request's timeout are
-    # transient (asyncio.TimeoutError is TimeoutError); any other OSError (EIO, ENOSPC) is refused.
+    # transient (asyncio.TimeoutError is TimeoutError); any other OSError (EIO, ENOSPC) is refused,
+    # unless s3fs made it of a ClientError that says otherwise (a 503 SlowDown).
     ("builtins:ConnectionError", Meaning.TRANSIENT),
     ("builtins:TimeoutError", Meaning.TRANSIENT),
-    ("builtins:OSError", Meaning.REFUSED),
+    ("builtins:OSError", _os_error),
 )
 """Storage exception types, most specific first, and what each means: the first match decides."""
 

@@ -52,8 +52,18 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, bloc
         with mapped_errors(url, "cannot open"):
             return open(_local(url), "rb")
     fs, path = filesystem(url, storage_options)
-    stream: IO[bytes] = with_retries(lambda: fs.open(path, "rb", block_size=block_size, cache_type="readahead"), url)
+    known: dict[str, Any] = {}
+    if "s3" in _protocols(fs):  # s3fs's open asks for the object's size with no deadline: asked here, with one
+        known["size"] = object_size(url, storage_options)
+    stream: IO[bytes] = with_retries(
+        lambda: fs.open(path, "rb", block_size=block_size, cache_type="readahead", **known), url
+    )
     return stream
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def object_size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:

@@ -3,8 +3,8 @@
 A transient error (:class:`~datacat.storage.errors.Meaning`) is retried up
 to ``RETRIES`` times with exponential backoff from 0.1 s, never past the
 deadline (``limits.read_timeout()``); what still fails is a ``ShardError``
-naming the URL. gcsfs retries on its own too; those retries are counted
-from its log, so :func:`retry_count` reports both.
+naming the URL. gcsfs, s3fs and botocore retry on their own too; those
+retries are counted from their logs, so :func:`retry_count` reports all.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ RETRIES = 6
 
 _retries = 0
 _retries_lock = threading.Lock()
-_last_client_error = ""  # what gcsfs last retried after, for a deadline's error message
+_last_client_error = ""  # what a storage client last retried after, for a deadline's error message
 
 
 def retry_count() -> int:
-    """Transient storage errors retried by this process so far, by datacat or by gcsfs itself."""
+    """Transient storage errors retried by this process so far, by datacat or by the storage client itself."""
     return _retries
 
 
@@ -143,28 +143,50 @@ def with_retries(read: Callable[[], T], url: str, *, any_error: bool = False, se
     return result
 
 
-class _ClientRetries(logging.Filter):
-    """Counts the retries gcsfs makes on its own (it logs each at DEBUG) and passes on what the user would see."""
+_CLIENT_RETRY_LOGS = {
+    # logger: the start of the DEBUG message it logs for each retry it makes itself.
+    "gcsfs": "retrying after exception",  # anywhere in the message
+    "s3fs": "Retryable error",  # s3fs's own loop, after botocore's retries ended
+    "botocore.retryhandler": "Retry needed, action of",  # botocore's retries (legacy mode, the default)
+    "botocore.retries.standard": "Retry needed, retrying request",  # botocore's retries (standard mode)
+}
+_CLIENT_ERROR_LOGS = {
+    # logger: the start of the DEBUG message saying what a client retries after, for a deadline's error.
+    "s3fs": "Retryable error",
+    "botocore.retryhandler": "retry needed",
+}
 
-    def __init__(self, passes: int) -> None:
+
+class _ClientRetries(logging.Filter):
+    """Counts the retries a storage client makes on its own (it logs each at DEBUG) and passes on what the user would see."""
+
+    def __init__(self, passes: int, retry: str, error: str | None) -> None:
         super().__init__()
-        self.passes = passes
+        self.passes, self.retry, self.error = passes, retry, error
 
     def filter(self, record: logging.LogRecord) -> bool:
         global _last_client_error
-        message = record.getMessage()
-        if record.levelno == logging.DEBUG and "retrying after exception" in message:
-            _counted(1)
-            _last_client_error = message.split("retrying after exception: ", 1)[-1]
-        if "out of retries on exception" in message or "non-retriable exception" in message:
-            return False  # datacat raises one error naming the URL; the client's traceback would only repeat it
+        if record.name == "gcsfs":
+            message = record.getMessage()
+            if record.levelno == logging.DEBUG and "retrying after exception" in message:
+                _counted(1)
+                _last_client_error = message.split("retrying after exception: ", 1)[-1]
+            if "out of retries on exception" in message or "non-retriable exception" in message:
+                return False  # datacat raises one error naming the URL; the client's traceback would only repeat it
+            return record.levelno >= self.passes
+        if record.levelno == logging.DEBUG and isinstance(record.msg, str):  # not formatted unless it is one
+            if record.msg.startswith(self.retry):
+                _counted(1)
+            if self.error is not None and record.msg.startswith(self.error):
+                _last_client_error = record.getMessage()
         return record.levelno >= self.passes
 
 
 def count_client_retries() -> None:
-    """Starts counting the retries gcsfs makes itself (once a process), keeping its log as quiet as it was."""
-    client = logging.getLogger("gcsfs")
-    if any(isinstance(f, _ClientRetries) for f in client.filters):
-        return
-    client.addFilter(_ClientRetries(client.getEffectiveLevel()))
-    client.setLevel(logging.DEBUG)
+    """Starts counting the retries storage clients make themselves (once a process), their logs as quiet as they were."""
+    for name, retry in _CLIENT_RETRY_LOGS.items():
+        client = logging.getLogger(name)
+        if any(isinstance(f, _ClientRetries) for f in client.filters):
+            continue
+        client.addFilter(_ClientRetries(client.getEffectiveLevel(), retry, _CLIENT_ERROR_LOGS.get(name)))
+        client.setLevel(logging.DEBUG)
