@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,10 @@ class RowsFill:
         shard_list, local_list = shards.tolist(), local.tolist()
         fields: dict[str, list[Any]] = {"key": [f"{names[s]}:{r}" for s, r in zip(shard_list, local_list, strict=True)]}
         if self.reader.prior.captions:
+            missing = [s for s in present.tolist() if s not in self.reader._captions]
+            if len(missing) > 1:  # a shuffled batch touches every shard: its caption columns read side by side
+                with concurrent.futures.ThreadPoolExecutor(min(8, len(missing))) as pool:
+                    list(pool.map(self.reader._caption_column, missing))
             captions: list[Any] = [None] * len(positions)
             for shard in present.tolist():
                 chosen = np.flatnonzero(shards == shard)
