@@ -95,14 +95,25 @@ def open_loader(
         epochs: Passes over the data; None for endless.
         num_workers: Worker processes decoding in parallel (0: in this process).
         drop_remainder: Only full batches; the tail that fills no batch on every rank is dropped.
-        rank, world_size: This process's place; default from torch.distributed / RANK and WORLD_SIZE (torch)
-            or jax's process index and count (jax).
-        on_bad_sample, bad_sample_budget: Override the entry's bad-sample policy.
+        rank: This process's place; default from torch.distributed / RANK (torch) or jax's process index (jax).
+        world_size: The number of ranks; default from torch.distributed / WORLD_SIZE (torch) or jax's process
+            count (jax).
+        on_bad_sample: Overrides the entry's bad-sample policy (``raise``, ``skip``).
+        bad_sample_budget: Overrides the share of bad samples ``skip`` tolerates.
         tokenize: Called on each caption in the workers; its result is the batch's ``tokens``.
-        image_size, augmentation, resize, val_batches, count: Override the entry's ``loading``.
-        image_layout, prefetch_factor, multiprocessing_context, worker_timeout, reuse_batch_memory: torch's own
-            (see :class:`~datacat.loading.options.TorchOptions`), e.g. ``image_layout="chw_float"``.
-        device_put, sharding, read_threads: jax's own (see :class:`~datacat.loading.options.JaxOptions`).
+        image_size: Overrides the entry's ``loading.image_size``.
+        augmentation: Overrides ``loading.augmentation``.
+        resize: Overrides ``loading.resize``.
+        val_batches: Overrides ``loading.val_batches``.
+        count: Overrides ``loading.count``.
+        image_layout: torch's own (see :class:`~datacat.loading.options.TorchOptions`), e.g. ``"chw_float"``.
+        prefetch_factor: torch's own (TorchOptions).
+        multiprocessing_context: torch's own (TorchOptions).
+        worker_timeout: torch's own (TorchOptions).
+        reuse_batch_memory: torch's own (TorchOptions).
+        device_put: jax's own (see :class:`~datacat.loading.options.JaxOptions`).
+        sharding: jax's own (JaxOptions).
+        read_threads: jax's own (JaxOptions).
 
     Example:
         >>> loader = datacat.open("sample", framework="torch", batch_size=16, num_workers=2)
