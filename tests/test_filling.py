@@ -79,7 +79,7 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
                 assert x[key] == y[key], key
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_pre_resized_batches_equal_the_record_paths_and_only_the_odd_records_take_it(
     pre_resized: Path, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,7 +141,7 @@ def table(tmp_path: Path) -> Path:
     return catalog
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_embedding_rows_equal_the_record_paths(table: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from datacat.formats.embedding_table import EmbeddingTableReader
 

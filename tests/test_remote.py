@@ -1,6 +1,7 @@
-"""gs:// shards over 1 MB through a proxy that injects faults: every record exactly once, retries reported.
+"""gs:// and s3:// shards over 1 MB through a proxy that injects faults: every record exactly once, retries reported.
 
-The emulator (tests/storage_servers.py) serves ranges as GCS does; the proxy
+The GCS emulator (tests/storage_servers.py) serves ranges as GCS does, and
+moto's S3 server (tests/s3_server.py) as S3 does; the proxy
 in front of it answers 503 to 4 % of requests, cuts every large download
 once mid-body and resets 3 % of ranged reads (each framework meets 10-30
 faults; gcsfs waits 1-2 s before its first retry of a 503, so more faults
@@ -15,6 +16,7 @@ import io
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,8 +77,33 @@ def faulty(gcs_emulator: str, shards: Path):
     proxy.stop()
 
 
+@pytest.fixture(scope="module")
+def faulty_s3(s3_server: Any, shards: Path):
+    """The same shards in moto's bucket, behind a proxy making the same random faults."""
+    import s3fs
+    from s3_server import S3Proxy
+
+    fs = s3fs.S3FileSystem(endpoint_url=s3_server.upstream_url, skip_instance_cache=True)
+    for path in sorted(shards.rglob("*")):
+        if path.is_file() and path.suffix != ".yaml":
+            fs.pipe(f"datacat-test/remote-test/{path.relative_to(shards)}", path.read_bytes())
+    proxy = S3Proxy(s3_server.upstream_url, fail_rate=0.04, cut_large=True, reset_rate=0.03, seed=7).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request: pytest.FixtureRequest) -> tuple[str, Any, dict[str, str]]:
+    """(root, fault proxy, environment) of the shards on the GCS emulator or on moto's S3 server."""
+    if request.param == "gs":
+        proxy = request.getfixturevalue("faulty")
+        return "gs://remote-test", proxy, {"CLOUD_STORAGE_EMULATOR_ENDPOINT": proxy.url}
+    return "s3://datacat-test/remote-test", request.getfixturevalue("faulty_s3"), {}
+
+
 def _catalog(folder: Path, root: str, endpoint: str | None) -> Path:
-    options = f", storage_options: {{token: anon, endpoint_url: '{endpoint}'}}" if endpoint else ""
+    token = "token: anon, " if root.startswith("gs://") else ""
+    options = f", storage_options: {{{token}endpoint_url: '{endpoint}'}}" if endpoint else ""
     path = folder / "remote.yaml"
     path.write_text(
         f"rtar: {{description: d, format: webdataset, location: {{root: '{root}', path: tar, shards: '{{0000..0002}}.tar'{options}}}, loading: {{val_batches: 0, image_size: 32}}}}\n"
@@ -86,9 +113,12 @@ def _catalog(folder: Path, root: str, endpoint: str | None) -> Path:
     return path
 
 
-def test_every_record_once_under_faults_in_both_frameworks(faulty, shards: Path, tmp_path: Path) -> None:
+def test_every_record_once_under_faults_in_both_frameworks(
+    bucket: tuple[str, Any, dict[str, str]], shards: Path, tmp_path: Path
+) -> None:
     from test_backends import run_ranks
 
+    root, faulty, bucket_env = bucket
     local = _catalog(shards, str(shards), None)
     expected = {f"{s:02d}{i:04d}" for s in range(SHARDS) for i in range(PER_SHARD)}
     for name in ("rtar", "rar"):
@@ -98,8 +128,8 @@ def test_every_record_once_under_faults_in_both_frameworks(faulty, shards: Path,
             for k in b["key"]
         ]
         assert sorted(keys) == sorted(expected), name
-    remote = _catalog(tmp_path, "gs://remote-test", faulty.url)
-    env = {"DATACAT_CATALOG": str(remote), "CLOUD_STORAGE_EMULATOR_ENDPOINT": faulty.url}
+    remote = _catalog(tmp_path, root, faulty.url)
+    env = {"DATACAT_CATALOG": str(remote), **bucket_env}
     loads = [{"name": n, "batch_size": 8, "num_workers": 2, "seed": 1, "epochs": 1} for n in ("rtar", "rar")]
     for framework in ("torch", "jax"):
         faulty.reset_counts()
@@ -174,7 +204,8 @@ except datacat.ShardError as exc:
 """
 
 
-def test_storage_that_never_answers_is_an_error_within_the_deadline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("root", ["gs://remote-test", "s3://datacat-test/remote-test"])
+def test_storage_that_never_answers_is_an_error_within_the_deadline(tmp_path: Path, root: str) -> None:
     import os
     import socket
     import subprocess
@@ -187,7 +218,11 @@ def test_storage_that_never_answers_is_an_error_within_the_deadline(tmp_path: Pa
         url = f"http://127.0.0.1:{hole.getsockname()[1]}"
         env = {
             **os.environ,
-            "DATACAT_CATALOG": str(_catalog(tmp_path, "gs://remote-test", url)),
+            "DATACAT_CATALOG": str(_catalog(tmp_path, root, url)),
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
             "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
             "DATACAT_READ_TIMEOUT": "4",
             "DATACAT_CONNECT_TIMEOUT": "4",
@@ -204,5 +239,5 @@ def test_storage_that_never_answers_is_an_error_within_the_deadline(tmp_path: Pa
             line = next((ln for ln in done.stdout.splitlines() if ln.startswith("CAUGHT ")), None)
             assert line is not None, (name, done.stdout[-1000:], done.stderr[-3000:])
             seconds, where = line.split()[1:3]
-            assert where.startswith("gs://remote-test/") and "no answer within 4 s" in line, line
+            assert where.startswith(root + "/") and "no answer within 4 s" in line, line
             assert int(seconds) <= 20, line
