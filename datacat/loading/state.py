@@ -8,7 +8,8 @@ from datacat.errors import PlanMismatch
 
 __all__ = ["MATCHED", "STATE_VERSION", "differences"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: random access formats are read in global steps (a rank's batch b is not where version 1 put it)."""
 MATCHED = ("fingerprint", "rank", "world_size", "batch_size", "drop_remainder", "shuffle")
 """Keys of a saved state that must equal the loader's own: the Plan and the world layout."""
 
@@ -21,7 +22,8 @@ def differences(saved: dict[str, Any], mine: dict[str, Any], *, records: int, st
     """
     if saved.get("version") != STATE_VERSION:
         raise PlanMismatch(
-            f"loader state version {saved.get('version')!r} is not {STATE_VERSION}; it was saved by another datacat"
+            f"loader state version {saved.get('version')!r} is not {STATE_VERSION}; it was saved by another datacat "
+            "(version 1 read each rank's records as one slice, version 2 in global steps): start the epoch again"
         )
     found = [
         f"{key}: saved {saved.get(key)!r}, this loader {mine[key]!r}" for key in MATCHED if saved.get(key) != mine[key]
