@@ -90,3 +90,31 @@ def draw_sequence(sizes: Sequence[int], weights: Sequence[float], exhaustion: st
 
     draws = Draws(sizes, weights, exhaustion, key)
     return np.concatenate([draws.block(b) for b in range(len(draws.counts))])
+
+
+def noisy_shards(folder: Path, shards: int, per_shard: int, *, size: tuple[int, int], quality: int) -> Path:
+    """tar/NNNN.tar and ar/NNNN.array_record under ``folder``: the same noisy JPEGs (keys ``SSIIII``) and captions.
+
+    Noise does not compress, so a shard's size is what its records make (the remote tests need shards over 1 MB).
+    """
+    from datacat.formats.packed import pack_record
+
+    (folder / "tar").mkdir()
+    (folder / "ar").mkdir()
+    for shard in range(shards):
+        keys = [f"{shard:02d}{i:04d}" for i in range(per_shard)]
+        images = {}
+        for k in keys:
+            pixels = np.random.default_rng(int(k)).integers(0, 256, size=(*size, 3), dtype=np.uint8)
+            buffer = io.BytesIO()
+            Image.fromarray(pixels).save(buffer, "JPEG", quality=quality)
+            images[k] = buffer.getvalue()
+        make_tar(
+            folder / "tar" / f"{shard:04d}.tar",
+            [m for k in keys for m in ((f"{k}.jpg", images[k]), (f"{k}.txt", f"caption {k}".encode()))],
+        )
+        make_array_record(
+            folder / "ar" / f"{shard:04d}.array_record",
+            [pack_record({"jpg": images[k], "txt": f"caption {k}", "key": k}) for k in keys],
+        )
+    return folder

@@ -12,16 +12,13 @@ local copy, and say how many retries it made.
 
 from __future__ import annotations
 
-import io
 import re
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from helpers import make_array_record, make_tar
-from PIL import Image
+from helpers import noisy_shards
 
 import datacat
 
@@ -30,31 +27,9 @@ pytestmark = pytest.mark.slow  # every test here starts processes or a storage s
 SHARDS, PER_SHARD = 3, 30
 
 
-def _noisy_jpeg(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(160, 200, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "JPEG", quality=95)
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from datacat.formats.packed import pack_record
-
-    folder = tmp_path_factory.mktemp("remote")
-    (folder / "tar").mkdir()
-    (folder / "ar").mkdir()
-    for shard in range(SHARDS):
-        keys = [f"{shard:02d}{i:04d}" for i in range(PER_SHARD)]
-        images = {k: _noisy_jpeg(int(k)) for k in keys}
-        make_tar(
-            folder / "tar" / f"{shard:04d}.tar",
-            [m for k in keys for m in ((f"{k}.jpg", images[k]), (f"{k}.txt", f"caption {k}".encode()))],
-        )
-        make_array_record(
-            folder / "ar" / f"{shard:04d}.array_record",
-            [pack_record({"jpg": images[k], "txt": f"caption {k}", "key": k}) for k in keys],
-        )
+    folder = noisy_shards(tmp_path_factory.mktemp("remote"), SHARDS, PER_SHARD, size=(160, 200), quality=95)
     assert (folder / "ar" / "0000.array_record").stat().st_size > 2**20  # over 1 MB: the suffix-range case
     return folder
 

@@ -8,14 +8,11 @@ which counts each request and its range and fails the ones a test arms.
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import make_array_record, make_tar
-from PIL import Image
+from helpers import noisy_shards
 
 import datacat
 
@@ -25,32 +22,10 @@ SHARDS, PER_SHARD = 2, 24
 EXPECTED = sorted(f"{s:02d}{i:04d}" for s in range(SHARDS) for i in range(PER_SHARD))
 
 
-def _noisy_jpeg(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(120, 160, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SHARDS tars and ArrayRecord files of PER_SHARD noisy JPEGs (~18 KB each, ~430 KB a shard) with their captions."""
-    from datacat.formats.packed import pack_record
-
-    folder = tmp_path_factory.mktemp("s3-shards")
-    (folder / "tar").mkdir()
-    (folder / "ar").mkdir()
-    for shard in range(SHARDS):
-        keys = [f"{shard:02d}{i:04d}" for i in range(PER_SHARD)]
-        images = {k: _noisy_jpeg(int(k)) for k in keys}
-        make_tar(
-            folder / "tar" / f"{shard:04d}.tar",
-            [m for k in keys for m in ((f"{k}.jpg", images[k]), (f"{k}.txt", f"caption {k}".encode()))],
-        )
-        make_array_record(
-            folder / "ar" / f"{shard:04d}.array_record",
-            [pack_record({"jpg": images[k], "txt": f"caption {k}", "key": k}) for k in keys],
-        )
+    folder = noisy_shards(tmp_path_factory.mktemp("s3-shards"), SHARDS, PER_SHARD, size=(120, 160), quality=90)
     return folder
 
 
