@@ -68,6 +68,19 @@ def _epochs(catalog: Path, name: str, *, fill: bool, **options: Any) -> tuple[li
     return batches, loader
 
 
+def _count_items(monkeypatch: pytest.MonkeyPatch, reader: type) -> list[int]:
+    """The positions ``reader.items`` is asked for from now on (the record path), in this process."""
+    asked: list[int] = []
+    items = reader.items  # type: ignore[attr-defined]
+
+    def counted(self: Any, indices: Any) -> Any:
+        asked.extend(indices)
+        return items(self, indices)
+
+    monkeypatch.setattr(reader, "items", counted)
+    return asked
+
+
 def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
@@ -85,14 +98,7 @@ def test_pre_resized_batches_equal_the_record_paths_and_only_the_odd_records_tak
 ) -> None:
     options = {"batch_size": 8, "seed": 5, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
     expected, _ = _epochs(pre_resized, "px", fill=False, **options)
-    asked: list[int] = []
-    items = ArrayRecordReader.items
-
-    def counted(self: ArrayRecordReader, indices: Any) -> Any:
-        asked.extend(indices)
-        return items(self, indices)
-
-    monkeypatch.setattr(ArrayRecordReader, "items", counted)
+    asked = _count_items(monkeypatch, ArrayRecordReader)
     got, loader = _epochs(pre_resized, "px", fill=True, **options)
     _same(got, expected)  # keys, captions, labels, flipped pixels, the record resized, the bad one skipped
     keys = [k for batch in got for k in batch["key"]]
@@ -147,14 +153,7 @@ def test_embedding_rows_equal_the_record_paths(table: Path, workers: int, monkey
 
     options = {"batch_size": 16, "seed": 2, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
     expected, _ = _epochs(table, "emb", fill=False, **options)
-    asked: list[int] = []
-    items = EmbeddingTableReader.items
-
-    def counted(self: EmbeddingTableReader, indices: Any) -> Any:
-        asked.extend(indices)
-        return items(self, indices)
-
-    monkeypatch.setattr(EmbeddingTableReader, "items", counted)
+    asked = _count_items(monkeypatch, EmbeddingTableReader)
     got, _ = _epochs(table, "emb", fill=True, **options)
     if workers == 0:
         assert sorted(set(asked)) == [24]  # only the all-zero row (row 34 of the split less 10 held) is read alone

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from datacat.formats import Filled, Reader, check_declared, record_caption, riegeli
-from datacat.formats.packed import packed_label
+from datacat.formats.packed import packed_label, unpack_views
 from datacat.formats.wire import varint
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ _HEAD_FIELDS = struct.Struct("<8xQ8xQQBB")
 """A chunk's header (data size, type and records, decoded size) then its data's compression byte and sizes' length."""
 _ONE_RECORD = (1 << 8) | ord("r")
 """A simple chunk of one record."""
-_U32 = struct.Struct("<I")
 
 
 def physical_pieces(start: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -137,25 +136,6 @@ def len_pixels(image_head: bytes) -> int:
     return int.from_bytes(image_head[-4:], "little")
 
 
-def _entries(data: bytes) -> dict[str, bytes]:
-    """A packed record's entries (as :func:`~datacat.formats.packed.unpack_views`, for a few small ones)."""
-    out: dict[str, bytes] = {}
-    pos, end = 0, len(data)
-    while pos < end:
-        if end - pos < 8:
-            raise ValueError("truncated packed record")
-        (key_length,) = _U32.unpack_from(data, pos)
-        key = data[pos + 4 : pos + 4 + key_length].decode("utf-8")
-        pos += 4 + key_length
-        (value_length,) = _U32.unpack_from(data, pos)
-        pos += 4
-        if pos + value_length > end or key in out:
-            raise ValueError("garbled packed record")
-        out[key] = data[pos : pos + value_length]
-        pos += value_length
-    return out
-
-
 class PreResizedFill:
     """Batches of a local pre-resized ArrayRecord entry: pixels read straight into the batch's image rows."""
 
@@ -236,12 +216,12 @@ class PreResizedFill:
             key = caption = label = None
             if rest is not None:
                 try:
-                    entries = _entries(rest)
-                    if entries.get("shape") != self.shape:
+                    entries = unpack_views(rest)
+                    if bytes(entries.get("shape", b"")) != self.shape:
                         raise ValueError("not this size")
                     caption = record_caption(entries, self.caption_keys) if self.caption_keys else None
                     if self.label_key in entries:
-                        label = packed_label(entries[self.label_key])
+                        label = packed_label(bytes(entries[self.label_key]))
                     if self.key_key and self.key_key in entries:
                         key = str(entries[self.key_key], "utf-8", "replace")
                 except ValueError:  # UnicodeDecodeError too: the record path reads it again and says what is wrong
