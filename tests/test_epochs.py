@@ -52,6 +52,9 @@ def test_schedule_is_exactly_once_with_equal_batch_counts(steps: bool) -> None:
                 )
                 continue
             covered = sorted(s.at(i) for s in schedules for i in range(s.count))
+            for s in schedules:  # a batch's indices at once, and indices across batches, as one by one
+                for indices in ([*range(s.count)], [*range(s.batch_sizes[0])][::-1], [s.count - 1, 0]):
+                    assert s.at_all(indices) == [s.at(i) for i in indices]
             assert covered == list(range(len(covered)))  # no overlap, no gap: a prefix of the sequence
             if not steps:
                 assert all([s.at(i) for i in range(s.count)] == list(range(s.start, s.stop)) for s in schedules)

@@ -83,6 +83,19 @@ class Schedule:
         assert self.batch_starts is not None
         return self.batch_starts[batch] + index - offsets[batch]
 
+    def at_all(self, indices: Sequence[int]) -> list[int]:
+        """``[self.at(i) for i in indices]``, one lookup when every index lies in one batch (a batch's own)."""
+        if not indices:
+            return []
+        offsets: tuple[int, ...] = self._offsets  # type: ignore[attr-defined]
+        first, last = min(indices), max(indices)
+        batch = bisect.bisect_right(offsets, first) - 1
+        if first >= 0 and last < offsets[batch + 1]:  # one batch: its positions are its start plus the offset
+            assert self.batch_starts is not None
+            start = self.batch_starts[batch] - offsets[batch]
+            return [start + i for i in indices]
+        return [self.at(i) for i in indices]
+
     def position(self, batches: int) -> int:
         """The global sequence position once every rank has taken ``batches`` batches (global steps only)."""
         return self.first + sum(self.steps[:batches])

@@ -235,7 +235,7 @@ class EpochView:
             return [self.position(i) for i in indices]
         if min(indices) < 0 or max(indices) >= len(self):
             raise IndexError(min(indices) if min(indices) < 0 else max(indices))
-        first, sequence = self.first, [self.schedule.at(i) for i in indices]
+        first, sequence = self.first, self.schedule.at_all(indices)
         if self.permutation is None:
             return [first + j for j in sequence]
         return [first + p for p in self.permutation.take(sequence)]
