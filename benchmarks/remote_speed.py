@@ -136,18 +136,19 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def upload(folder: Path, emulator_url: str) -> None:
+def upload(folder: Path, emulator_url: str, bucket: str = BUCKET) -> None:
+    """The corpus's tar and ArrayRecord shards copied to ``bucket`` on the emulator."""
     import warnings
 
     import gcsfs
 
     fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=emulator_url)
-    fs.mkdir(BUCKET)
+    fs.mkdir(bucket)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sub in ("tar", "ar"):
             for path in sorted((folder / sub).iterdir()):
-                fs.pipe(f"{BUCKET}/{sub}/{path.name}", path.read_bytes())
+                fs.pipe(f"{bucket}/{sub}/{path.name}", path.read_bytes())
 
 
 def main() -> None:

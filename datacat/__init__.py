@@ -22,6 +22,7 @@ from datacat.plan import Plan
 from datacat.planning import resolve
 from datacat.registry import Format, register_format
 from datacat.schema import Entry, Section
+from datacat.storage.shard_cache import ShardCache
 
 __all__ = [
     "BackendUnavailable",
@@ -37,6 +38,7 @@ __all__ = [
     "OptionError",
     "Plan",
     "Section",
+    "ShardCache",
     "ShardError",
     "TorchOptions",
     "describe",

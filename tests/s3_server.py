@@ -87,10 +87,19 @@ class S3Proxy(FaultProxy):
     """A counting proxy to moto that faults the requests whose path matches an armed pattern (:meth:`arm`)."""
 
     def __init__(
-        self, upstream: str, *, fail_rate: float = 0.0, cut_large: bool = False, reset_rate: float = 0.0, seed: int = 0
+        self,
+        upstream: str,
+        *,
+        delay: float = 0.0,
+        fail_rate: float = 0.0,
+        cut_large: bool = False,
+        reset_rate: float = 0.0,
+        seed: int = 0,
     ) -> None:
-        # The random faults of the GCS tests' proxy too (a 503, a response cut short, a reset connection).
-        super().__init__(upstream, fail_rate=fail_rate, cut_large=cut_large, reset_rate=reset_rate, seed=seed)
+        # The GCS tests' proxy's latency and random faults too (a 503, a response cut short, a reset connection).
+        super().__init__(
+            upstream, delay=delay, fail_rate=fail_rate, cut_large=cut_large, reset_rate=reset_rate, seed=seed
+        )
         self._rules: list[_Rule] = []
         self._released = threading.Event()  # set at stop: stalled requests end
         self.bytes_served = 0

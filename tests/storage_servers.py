@@ -20,6 +20,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 __all__ = ["Emulator", "FaultProxy"]
@@ -137,6 +138,8 @@ class FaultProxy:
         self.faults = 0
         self.log: list[tuple[str, str, str | None]] = []
         """(method, path, Range header) of every request, in order."""
+        self.times: list[float] = []
+        """``time.monotonic()`` at each request of :attr:`log` (one clock for every process of the host)."""
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._cut: set[str] = set()
@@ -170,7 +173,7 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self._lock:
             self.requests = self.faults = 0
-            self.log = []
+            self.log, self.times = [], []
 
     def _draw(self) -> float:
         with self._lock:
@@ -193,6 +196,7 @@ class FaultProxy:
         draw = self._draw()
         with self._lock:
             self.log.append((handler.command, handler.path, handler.headers.get("range")))
+            self.times.append(time.monotonic())
         ranged = "range" in {k.lower() for k in handler.headers}
         if handler.command == "GET" and draw < self.fail_rate:
             self._fault()

@@ -19,6 +19,7 @@ from datacat.planning import resolve
 from datacat.registry import BACKENDS, load_implementation
 from datacat.resolve import override_loading
 from datacat.schema import Augmentation, BadSamplePolicy, ResizeMode
+from datacat.storage.shard_cache import ShardCache
 
 if TYPE_CHECKING:  # the transforms need numpy, which the core install does not have
     import jax
@@ -68,6 +69,7 @@ def open_loader(
     on_bad_sample: BadSamplePolicy | None = None,
     bad_sample_budget: float | None = None,
     tokenize: Tokenize | None = None,
+    shard_cache: ShardCache | None = None,
     root: str | None = None,
     catalog: Catalog | None = None,
     image_size: int | None = None,
@@ -101,6 +103,8 @@ def open_loader(
         on_bad_sample: Overrides the entry's bad-sample policy (``raise``, ``skip``).
         bad_sample_budget: Overrides the share of bad samples ``skip`` tolerates.
         tokenize: Called on each caption in the workers; its result is the batch's ``tokens``.
+        shard_cache: A node-local folder and byte cap keeping remote shards after their first read
+            (default: ``DATACAT_SHARD_CACHE`` and ``DATACAT_SHARD_CACHE_BYTES``, else none).
         image_size: Overrides the entry's ``loading.image_size``.
         augmentation: Overrides ``loading.augmentation``.
         resize: Overrides ``loading.resize``.
@@ -136,6 +140,7 @@ def open_loader(
         on_bad_sample=on_bad_sample,
         bad_sample_budget=bad_sample_budget,
         tokenize=tokenize,
+        shard_cache=shard_cache if shard_cache is not None else ShardCache.from_env(),
     )
     torch_given: dict[str, Any] = {
         "image_layout": image_layout,

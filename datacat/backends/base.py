@@ -28,6 +28,7 @@ from datacat.loading.sources import SampleSource
 from datacat.loading.state import STATE_VERSION, differences
 from datacat.plan import Plan
 from datacat.storage import retry_count
+from datacat.storage.shard_fill import Filler, wanted_shards
 from datacat.transforms.ledger import Ledger
 
 __all__ = ["BaseLoader"]
@@ -89,6 +90,8 @@ class BaseLoader:
         self._restored: dict[str, Any] | None = None
         self._worker_retries = 0
         self._iterators: weakref.WeakSet[Generator[Batch, None, None]] = weakref.WeakSet()
+        self.filler: Filler | None = None
+        """What fills the shard cache with this loader's shards (from the first iteration on), if it has one."""
         if os.getpid() == self.epochs_of.origin:
             _OPEN.add(self)
 
@@ -151,7 +154,20 @@ class BaseLoader:
         for iterator in list(self._iterators):
             iterator.close()
 
+    def _fill_shard_cache(self) -> None:
+        """Starts downloading this loader's remote shards into its shard cache, once; it runs while the loader lives.
+
+        Not stopped by ``close``: a loader closed after its epochs still
+        leaves the host's cache filled for the next one.
+        """
+        cache = self.options.shard_cache
+        if cache is None or self.filler is not None or not self.source.remote:
+            return
+        self.filler = Filler(cache, wanted_shards(self.plan), name=self.plan.name).start()
+        weakref.finalize(self, self.filler.stop, 1.0)
+
     def _iterate(self) -> Generator[Batch, None, None]:
+        self._fill_shard_cache()
         while self.epochs is None or self.epoch < self.epochs:
             self.schedule = self._schedule(self.epoch)
             # Starting worker processes takes a second or more (grain's spawned workers import jax

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from datacat.cli import catalog_commands, jobs, load, verify
+from datacat.cli import cache, catalog_commands, jobs, load, verify
 from datacat.cli._shared import catalog_option
 
 __all__ = ["main"]
@@ -33,5 +33,6 @@ for _command in (
     catalog_commands.schema,
     jobs.convert,
     jobs.embed,
+    cache.cache,
 ):
     main.add_command(_command)

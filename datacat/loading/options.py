@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from datacat.errors import OptionError
 from datacat.schema import BadSamplePolicy
+from datacat.storage.shard_cache import ShardCache
 
 if TYPE_CHECKING:
     import jax
@@ -34,7 +35,8 @@ class LoadOptions:
     torch.distributed or jax's process index); ``on_bad_sample`` and
     ``bad_sample_budget`` left None are the entry's own. ``tokenize`` is
     called on each caption in the workers; its result is the batch's
-    ``tokens``.
+    ``tokens``. ``shard_cache`` keeps remote shards on a local disk
+    (:class:`~datacat.storage.shard_cache.ShardCache`).
     """
 
     batch_size: int
@@ -47,6 +49,7 @@ class LoadOptions:
     on_bad_sample: BadSamplePolicy | None = None
     bad_sample_budget: float | None = None
     tokenize: Tokenize | None = None
+    shard_cache: ShardCache | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -27,6 +27,7 @@ from datacat.loading.shuffle import Feistel, epoch_key, shard_order
 from datacat.plan import Plan
 from datacat.registry import format_of
 from datacat.storage import is_remote
+from datacat.storage.shard_cache import serve
 from datacat.transforms.ledger import BadSample, Ledger, bad_marker, error_marker, is_marker
 from datacat.transforms.sample import ImageTransform, transform_for
 
@@ -72,12 +73,23 @@ class SampleSource:
         if plan.glob is not None:
             raise OptionError(f"{plan.name}: its shards were not listed; resolve it with list_shards=True")
         self.plan = plan
+        self.shard_cache = None if options is None or not reads_remote(plan) else options.shard_cache
+        self._serve()
         self.reader: Reader = open_reader(plan)
         self.transform = transform_for(plan, tokenize=None if options is None else options.tokenize)
         self.ledger = ledger_for(plan, options)
         declared = format_of(plan.format).fill
         # The format's batch path (arrays read straight into a batch), when this plan's records allow it.
         self.fill: BatchFill | None = None if declared is None else declared(self.reader, plan)
+
+    def _serve(self) -> None:
+        """Reads of this plan's shards in this process use the shard cache's copies (before any read)."""
+        if self.shard_cache is not None:
+            serve(self.shard_cache, [shard.url for shard in self.plan.shards])
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # in a spawned worker: its reads use the cache too
+        self.__dict__.update(state)
+        self._serve()
 
     def __repr__(self) -> str:
         return f"SampleSource({self.reader!r}, {self.transform!r}, policy={self.ledger.policy!r})"

@@ -5,8 +5,10 @@ exceptions mapped to datacat's, by type), :mod:`~datacat.storage.retry`
 (the one retry loop and its deadline), :mod:`~datacat.storage.clients`
 (fsspec filesystems), :mod:`~datacat.storage.files` (streams, byte ranges,
 whole objects, local files kept open), :mod:`~datacat.storage.listing`
-(globs), :mod:`~datacat.storage.manifests` (the manifest cache) and
-:mod:`~datacat.storage.plans` (a Plan completed from storage). Nothing here
+(globs), :mod:`~datacat.storage.manifests` (the manifest cache),
+:mod:`~datacat.storage.plans` (a Plan completed from storage),
+:mod:`~datacat.storage.shard_cache` (remote shards kept on a local disk) and
+:mod:`~datacat.storage.shard_fill` (a loader filling it). Nothing here
 knows a format, a transform or a framework.
 """
 

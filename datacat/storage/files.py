@@ -1,5 +1,7 @@
 """Reads of shard URLs: streams in large blocks, byte ranges many at once, local files kept open.
 
+A remote shard with a copy in the node-local shard cache
+(:mod:`datacat.storage.shard_cache`) is read from that copy, with no request.
 Every read goes through the storage boundary (:mod:`datacat.storage.errors`)
 and the retry loop (:mod:`datacat.storage.retry`) under a deadline. Remote
 reads are latency-bound (30-100 ms to the first byte on a bucket), so a
@@ -21,8 +23,9 @@ from datacat.limits import deadline
 from datacat.storage.clients import filesystem, is_remote
 from datacat.storage.errors import mapped_errors, not_found
 from datacat.storage.retry import retry_each, with_retries
+from datacat.storage.shard_cache import served
 
-__all__ = ["BLOCK_SIZE", "object_size", "open_url", "read_bytes", "read_many", "read_ranges"]
+__all__ = ["BLOCK_SIZE", "object_info", "object_size", "open_url", "read_bytes", "read_many", "read_ranges"]
 
 BLOCK_SIZE = 8 * 2**20
 """Read-ahead of a remote stream: one request per 8 MB instead of one per ``read()`` call."""
@@ -51,6 +54,9 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, *, bloc
     if not is_remote(url):
         with mapped_errors(url, "cannot open"):
             return open(_local(url), "rb")
+    if (copy := served(url)) is not None:
+        with contextlib.suppress(OSError):  # evicted since: from the bucket
+            return open(copy, "rb")
     fs, path = filesystem(url, storage_options)
     known: dict[str, Any] = {}
     if "s3" in _protocols(fs):  # s3fs's open asks for the object's size with no deadline: asked here, with one
@@ -71,19 +77,32 @@ def object_size(url: str, storage_options: Mapping[str, Any] | None = None) -> i
     if not is_remote(url):
         with mapped_errors(url):
             return os.path.getsize(_local(url))
+    if (copy := served(url)) is not None:
+        with contextlib.suppress(OSError):
+            return os.path.getsize(copy)
+    return int(object_info(url, storage_options)["size"])
+
+
+def object_info(url: str, storage_options: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """The store's metadata of the remote object at ``url`` (``size``; ``md5Hash`` on GCS, ``ETag`` on S3), retried."""
     fs, path = filesystem(url, storage_options)
     from fsspec.asyn import sync
 
     get_object = getattr(fs, "_get_object", None)  # gcsfs: the object's metadata alone (its info() lists too)
     if get_object is None:
-        return int(with_retries(lambda: fs.info(path, **deadline(fs))["size"], url))
-    return int(with_retries(lambda: sync(fs.loop, get_object, path, **deadline(fs))["size"], url))
+        info: Mapping[str, Any] = with_retries(lambda: fs.info(path, **deadline(fs)), url)
+        return info
+    meta: Mapping[str, Any] = with_retries(lambda: sync(fs.loop, get_object, path, **deadline(fs)), url)
+    return meta
 
 
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
     """The whole content of ``url``."""
     if not is_remote(url):
         with mapped_errors(url), open(_local(url), "rb") as f:
+            return f.read()
+    if (copy := served(url)) is not None:
+        with contextlib.suppress(OSError), open(copy, "rb") as f:
             return f.read()
     fs, path = filesystem(url, storage_options)
     return with_retries(lambda: fs.cat_file(path, **deadline(fs)), url)  # type: ignore[no-any-return]
@@ -106,10 +125,20 @@ def read_ranges(
     out: list[bytes | Exception] = [b""] * len(requests)
     remote: list[int] = []
     local: list[int] = []
+    cached: list[int] = []
+    copies: dict[str, str | None] = {}
     for i, (url, _, _) in enumerate(requests):
-        (remote if is_remote(url) else local).append(i)
+        if not is_remote(url):
+            local.append(i)
+        elif (copies[url] if url in copies else copies.setdefault(url, served(url))) is not None:
+            cached.append(i)
+        else:
+            remote.append(i)
     if local:
         _read_local_ranges(requests, local, out)
+    if cached:  # read from the shard cache; a copy evicted since is read from the bucket
+        _read_local_ranges([(copies.get(url) or url, start, end) for url, start, end in requests], cached, out)
+        remote = sorted(remote + [i for i in cached if isinstance(out[i], Exception)])
     if not remote:
         return out
     fs, _ = filesystem(requests[remote[0]][0], storage_options)
