@@ -26,6 +26,7 @@ BENCHMARKS = {  # name -> what it measures, in the README's order
     "memory_scale": "Memory against dataset size",
     "memory_speed": "Decoded pixels and embedding rows against memcpy",
     "remote_speed": "Loaders on a bucket",
+    "shard_cache": "A bucket read through the node-local shard cache",
     "catalog_scale": "Start-up costs that grow with a catalog",
     "beam_convert": "`datacat convert` on Beam's DirectRunner",
 }

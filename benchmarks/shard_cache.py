@@ -1,6 +1,6 @@
 """The node-local shard cache: a bucket 80 ms away read at the speed of local files once its shards are cached.
 
-    python benchmarks/shard_cache.py [--images 600] [--shards 4] [--delay 80] [--workers 2] [--batch 32] [--rounds 1]
+    python benchmarks/shard_cache.py [--images 600] [--shards 4] [--delay 80] [--workers 2] [--batch 32] [--rounds 3]
 
 Builds a corpus of real-photo JPEGs (benchmarks/corpus.py) as tars and
 ArrayRecord shards, uploads it to a local GCS emulator behind a proxy that
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--delay", type=int, default=80, help="first-byte delay of the bucket, ms")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--catalog", help=argparse.SUPPRESS)
@@ -120,19 +120,30 @@ def main() -> None:
         child(args)
         return
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    from remote_speed import upload
     from storage_servers import Emulator, FaultProxy
-
-    from corpus import build_corpus
 
     emulator = Emulator().start()
     proxy = FaultProxy(emulator.url, delay=args.delay / 1000).start()
     os.environ["STORAGE_EMULATOR_HOST"] = os.environ["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = proxy.url
     results: dict[tuple[str, str], list[dict[str, Any]]] = {(f, w): [] for f in FORMATS for w in WAYS}
+    try:  # the emulator's server thread is not a daemon: stop it when a child fails, or the exit waits forever
+        run_rounds(args, proxy, emulator.url, results)
+    finally:
+        proxy.stop()
+        emulator.stop()
+    report(results, args)
+
+
+def run_rounds(
+    args: argparse.Namespace, proxy: Any, emulator_url: str, results: dict[tuple[str, str], list[dict[str, Any]]]
+) -> None:
+    from corpus import build_corpus
+    from remote_speed import upload
+
     with tempfile.TemporaryDirectory(prefix="datacat-shard-cache-") as tmp:
         folder = Path(tmp)
         build_corpus(folder, args.images, args.shards)
-        upload(folder, emulator.url, BUCKET)
+        upload(folder, emulator_url, BUCKET)
         local = write_catalog(folder, args.shards, str(folder), "")
         remote = write_catalog(folder, args.shards, f"gs://{BUCKET}", f"{{token: anon, endpoint_url: '{proxy.url}'}}")
         for round_ in range(args.rounds):
@@ -147,9 +158,6 @@ def main() -> None:
                         + (f"  filled in {result['fill']:.1f} s" if cache else ""),
                         flush=True,
                     )
-    proxy.stop()
-    emulator.stop()
-    report(results, args)
 
 
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.Namespace) -> None:
