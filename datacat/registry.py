@@ -219,6 +219,8 @@ class Format:
     start from a forkserver). ``fill(reader, plan)`` is the format's batch
     path (:class:`BatchFill`): for a plan whose records it can read straight
     into a batch's buffers, else None (records are then read one by one).
+    ``fields`` says whether its readers pass ``record.fields`` through, and
+    ``metadata`` names the ``record.metadata`` tables they join.
     ``doc`` is the format's page in the reference.
     """
 
@@ -241,6 +243,8 @@ class Format:
     used_here: Callable[[], bool] | None = None
     fill: Callable[[Reader, Plan], BatchFill | None] | None = None
     hint: str = ""
+    fields: bool = False
+    metadata: tuple[str, ...] = ()
     doc: str = ""
 
     def __post_init__(self) -> None:

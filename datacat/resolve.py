@@ -55,6 +55,7 @@ class LoadingOverrides(TypedDict, total=False):
     captions: Captions | Mapping[str, object]
     max_pixels: int
     read_ahead: int | str
+    size_conditioning: bool
 
 
 def resolve_entry(

@@ -70,6 +70,11 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
                 f"{entry.record.layout!r} is not a layout of format {entry.format!r} (use one of {', '.join(info.layouts)})"
             ),
         )
+    if entry.record.fields and not info.fields:
+        yield name, ("record", "fields"), f"format {entry.format!r} does not pass record fields through; remove them"
+    if entry.record.metadata is not None and entry.record.metadata not in info.metadata:
+        tables = f"only {', '.join(info.metadata)}" if info.metadata else "none"
+        yield name, ("record", "metadata"), f"format {entry.format!r} joins {tables}, not {entry.record.metadata!r}"
     if entry.location is not None:
         yield from _check_location(name, ("location",), entry.location, entry, env)
     for split, location in entry.splits.items():

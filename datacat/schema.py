@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
 __all__ = [
+    "BATCH_KEYS",
     "Augmentation",
     "BadSamplePolicy",
     "Captions",
@@ -82,6 +83,13 @@ class Totals(_Frozen):
     """Records per shard, by shard name; lets a loader plan without opening every shard."""
 
 
+BATCH_KEYS = (
+    *("image", "caption", "label", "key", "embedding", "tokens", "component"),
+    *("original_size", "crop_top_left", "target_size"),
+)
+"""The batch keys datacat fills itself; ``record.fields`` may not reuse them."""
+
+
 class Record(_Frozen):
     """How one record is laid out: which key holds what."""
 
@@ -98,6 +106,27 @@ class Record(_Frozen):
     """Key holding the sample's id; tar samples use their member prefix when unset."""
     embedding: str | None = None
     """Key holding a precomputed embedding (`.npy` member)."""
+    fields: tuple[str, ...] = ()
+    """Further keys passed through to every batch under their own names: tar members by extension (`json` parsed
+    to a dict), packed record keys (decoded by their name as members are), or columns of the shard's `metadata`
+    table. Numbers and same-shaped arrays are stacked into one array a batch, the rest kept as lists."""
+    metadata: Literal["parquet"] | None = None
+    """A table beside each tar shard joined to its samples by key: `parquet` reads img2dataset's `NNNNN.parquet`
+    (the shard's name with `.parquet`) and matches its `key` column; `fields` then may name its columns
+    (`aesthetic`, `punsafe`, `width`, ...)."""
+
+    @field_validator("fields")
+    @classmethod
+    def _fields_are_free(cls, fields: tuple[str, ...]) -> tuple[str, ...]:
+        taken = sorted(set(fields) & set(BATCH_KEYS))
+        if taken:
+            raise ValueError(
+                f"{', '.join(map(repr, taken))}: datacat fills that batch key itself (it fills {', '.join(BATCH_KEYS)}); "
+                "set record.image / caption / label / key / embedding to choose those keys instead"
+            )
+        if len(set(fields)) != len(fields):
+            raise ValueError("a field is named twice")
+        return fields
 
 
 class Captions(_Frozen):
@@ -130,6 +159,10 @@ class Loading(_Frozen):
     """Images with more pixels are refused from their header, before decoding (one 81 Mpx PNG costs 1 GB)."""
     read_ahead: ByteSize = ByteSize(8 * 2**20)
     """Bytes a remote stream (tar indexing, gzip tars) reads per request; accepts `8 MiB`."""
+    size_conditioning: bool = False
+    """Each batch carries, per image, `original_size` (h, w of the stored image), `crop_top_left` (y, x of the
+    crop in those pixels, in the flipped image when the sample was flipped) and `target_size` (h, w), as SDXL's
+    micro-conditioning wants them: int64 arrays [batch, 2]."""
 
 
 class Component(_Frozen):

@@ -38,7 +38,7 @@ from datacat.backends.base import BaseLoader, Outputs
 from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import DatacatError, OptionError
 from datacat.loading.batches import BatchView
-from datacat.loading.collate import array_keys
+from datacat.loading.collate import array_keys, field_keys
 from datacat.loading.epochs import round_robin_consumed
 from datacat.loading.options import LoadOptions, TorchOptions
 from datacat.loading.runs import EpochRun, Epochs
@@ -105,7 +105,7 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
             run = EpochRun(self.epochs, epoch, start, None if last < 0 else last)
             run.stride(worker, workers)
             indices = range(worker, len(run), workers)
-        arrays = array_keys(self.epochs.source.plan)
+        arrays = array_keys(self.epochs.source.plan) + field_keys(self.epochs.source.plan)  # fields: when numbers
         try:
             for index in indices:
                 output = batch_memory.hand_over(run[index])  # images in a slot: only its name is sent

@@ -39,6 +39,7 @@ from datacat.formats.ar_shards import (
     used_here,
     verify_counter,
 )
+from datacat.formats.metadata import decoded_fields
 from datacat.formats.packed import packed_label, unpack_pre_resized, unpack_views
 from datacat.formats.tf_example import example_record, tfds_lengths
 from datacat.registry import Format
@@ -341,6 +342,14 @@ class ArrayRecordReader:
             out["label"] = packed_label(bytes(entries[label_key]))
         if record.key and record.key in entries:
             out["__key__"] = str(entries[record.key], "utf-8", "replace")
+        if record.fields:
+            fields = decoded_fields(record.fields, entries)
+            if len(fields) < len(record.fields):
+                absent = [name for name in record.fields if name not in fields]
+                raise ValueError(
+                    f"record has no {', '.join(map(repr, absent))} (record.fields; it has {sorted(entries)})"
+                )
+            out.update(fields)
         out["entries"] = entries
         return out
 
@@ -387,6 +396,7 @@ FORMAT = Format(
     used_here=used_here,
     shard_facts=verify_counter,
     fill=pre_resized_fill,
+    fields=True,
     doc=__doc__ or "",
     hint="array_record shards need array-record: pip install array-record",
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import gzip
 import io
+import json
 import logging
 import os
 import re
@@ -28,7 +29,15 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-__all__ = ["check_archive_end", "group_by_key", "member_spans", "sample_of_span", "split_key", "tar_members"]
+__all__ = [
+    "check_archive_end",
+    "decode_member",
+    "group_by_key",
+    "member_spans",
+    "sample_of_span",
+    "split_key",
+    "tar_members",
+]
 
 log = logging.getLogger(__name__)
 
@@ -375,3 +384,29 @@ def group_by_key(
         fields[ext] = data
     if key is not None:
         yield key, fields
+
+
+def decode_member(ext: str, data: bytes | memoryview) -> tuple[str, Any]:
+    """(extension without .gz, value) of one member: text, json, class index, array, or the bytes (or their view)."""
+
+    if ext.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise ValueError(f"member .{ext} is not valid gzip: {exc}") from None
+        ext = ext[:-3]
+    last = ext.rsplit(".", 1)[-1]
+    try:
+        if last in ("txt", "text"):
+            return ext, str(data, "utf-8")
+        if last == "json":
+            return ext, json.loads(bytes(data))
+        if last in ("cls", "cls2", "index"):
+            return ext, int(str(data, "ascii").strip())
+        if last == "npy":
+            import numpy as np
+
+            return ext, np.load(io.BytesIO(data), allow_pickle=False)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"member .{ext} cannot be decoded: {exc}") from None
+    return ext, data

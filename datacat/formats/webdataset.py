@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-import gzip
-import io
 import itertools
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from datacat.cache import cache_dir
-from datacat.errors import RecordError
+from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, check_declared, record_caption
+from datacat.formats.metadata import ShardTables, table_url
 from datacat.registry import Format
 from datacat.schema import Record
 from datacat.storage import is_remote, open_url, read_ranges
@@ -33,7 +31,15 @@ if TYPE_CHECKING:
     import numpy as np
 
     from datacat.plan import Plan
-from datacat.formats.tar import check_archive_end, group_by_key, member_spans, sample_of_span, split_key, tar_members
+from datacat.formats.tar import (
+    check_archive_end,
+    decode_member,
+    group_by_key,
+    member_spans,
+    sample_of_span,
+    split_key,
+    tar_members,
+)
 
 __all__ = [
     "FORMAT",
@@ -55,39 +61,13 @@ def _index_dir() -> Path:
     return cache_dir() / "tar-index"
 
 
-def decode_member(ext: str, data: bytes | memoryview) -> tuple[str, Any]:
-    """(extension without .gz, value) of one member: text, json, class index, array, or the bytes (or their view)."""
-
-    if ext.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise ValueError(f"member .{ext} is not valid gzip: {exc}") from None
-        ext = ext[:-3]
-    last = ext.rsplit(".", 1)[-1]
-    try:
-        if last in ("txt", "text"):
-            return ext, str(data, "utf-8")
-        if last == "json":
-            return ext, json.loads(bytes(data))
-        if last in ("cls", "cls2", "index"):
-            return ext, int(str(data, "ascii").strip())
-        if last == "npy":
-            import numpy as np
-
-            return ext, np.load(io.BytesIO(data), allow_pickle=False)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise ValueError(f"member .{ext} cannot be decoded: {exc}") from None
-    return ext, data
-
-
 def parse_sample(record: Record, item: RawItem) -> dict[str, Any]:
     """The record of one tar sample: the members the entry's record layout names, decoded.
 
     Members it does not name (img2dataset's ``.json`` metadata, say) are not
     decoded: they cost time, and a damaged one would lose a good sample.
     """
-    named = {record.image, record.caption, record.label, record.key, record.embedding}
+    named = {record.image, record.caption, record.label, record.key, record.embedding, *record.fields}
     members = dict(decode_member(ext, data) for ext, data in item.payload.items() if ext.removesuffix(".gz") in named)
     out: dict[str, Any] = {"__key__": item.key, "__shard__": item.shard, "__uid__": item.uid}
     out["image"] = members.get(record.image) if record.image else None
@@ -98,7 +78,24 @@ def parse_sample(record: Record, item: RawItem) -> dict[str, Any]:
         out["__key__"] = str(members[record.key])
     if record.embedding:
         out["embedding"] = members.get(record.embedding)
+    out.update({name: members[name] for name in record.fields if name in members})
     return out
+
+
+def _joined(record: dict[str, Any], fields: Sequence[str], tables: ShardTables | None) -> dict[str, Any]:
+    """``record`` with the fields its members lack from its shard's metadata table; a field found nowhere is an error."""
+    wanted = [name for name in fields if name not in record]
+    if tables is not None:
+        tables.join(record, wanted)
+    elif wanted:
+        raise ValueError(f"sample has no member .{', .'.join(wanted)} (record.fields) and the entry joins no metadata")
+    return record
+
+
+def _tables(plan: Plan) -> ShardTables | None:
+    if plan.record.metadata is None:
+        return None
+    return ShardTables(plan.name, plan.record.fields, plan.storage_options)
 
 
 class TarStream:
@@ -119,6 +116,7 @@ class TarStream:
         self.storage_options = dict(plan.storage_options)
         self.block_size = int(plan.loading.read_ahead)
         self.counts = tuple(counts)
+        self.tables = _tables(plan)
 
     def __repr__(self) -> str:
         return f"TarStream({self.name!r}, shards={len(self.urls)})"
@@ -143,8 +141,8 @@ class TarStream:
         return ShardFacts(self.names[shard], len(spans), url=url, bytes=size, index=index_file)
 
     def parse(self, item: RawItem) -> dict[str, Any]:
-        """The record of one sample (:func:`parse_sample`)."""
-        return parse_sample(self.record, item)
+        """The record of one sample (:func:`parse_sample`), its metadata row joined."""
+        return _joined(parse_sample(self.record, item), self.record.fields, self.tables)
 
 
 class WebDatasetReader:
@@ -165,6 +163,7 @@ class WebDatasetReader:
         self.counts = tuple(f.records for f in facts)
         self.offsets = tuple(itertools.accumulate(self.counts, initial=0))
         self.index_files = tuple(str(f.index) for f in facts)
+        self.tables = _tables(plan)
         self._spans: dict[int, np.ndarray] = {}
 
     def __repr__(self) -> str:
@@ -214,8 +213,8 @@ class WebDatasetReader:
         return out
 
     def parse(self, item: RawItem) -> dict[str, Any]:
-        """The record of one sample (:func:`parse_sample`)."""
-        return parse_sample(self.record, item)
+        """The record of one sample (:func:`parse_sample`), its metadata row joined."""
+        return _joined(parse_sample(self.record, item), self.record.fields, self.tables)
 
 
 def open_tars(plan: Plan) -> WebDatasetReader | TarStream:
@@ -260,9 +259,42 @@ def open_tars(plan: Plan) -> WebDatasetReader | TarStream:
         kind="tar shard ",
         holds="holds {} samples",
     )
+    reader: WebDatasetReader | TarStream
     if any(f.compressed for f in known):
-        return TarStream(plan, counts=[f.records for f in known])
-    return WebDatasetReader(plan, known)
+        reader = TarStream(plan, counts=[f.records for f in known])
+    else:
+        reader = WebDatasetReader(plan, known)
+    if plan.record.fields and any(known_facts.records for known_facts in known):
+        _check_fields(plan, reader)
+    return reader
+
+
+def _check_fields(plan: Plan, reader: WebDatasetReader | TarStream) -> None:
+    """Refuses, at open, a ``record.fields`` name that the first sample's members and its shard's table both lack."""
+    shard = next(i for i, count in enumerate(reader.counts) if count)
+    if isinstance(reader, WebDatasetReader):
+        (first,) = reader.items([reader.offsets[shard]])
+        if isinstance(first, Exception):
+            raise first
+    else:
+        first = next(reader.iter_shard(shard))
+    members = {ext.removesuffix(".gz") for ext in first.payload}
+    absent = [name for name in plan.record.fields if name not in members]
+    if not absent:
+        return
+    where = f"sample {first.key!r} of {first.shard} has no member .{', .'.join(absent)}"
+    if reader.tables is None:
+        raise ShardError(
+            f"{plan.name}: {where}; fix record.fields, or join a table with record.metadata", url=first.shard
+        )
+    columns = reader.tables.columns_of(table_url(first.shard))
+    missing = [name for name in absent if name not in columns]
+    if missing:
+        raise ShardError(
+            f"{plan.name}: {where}, and {table_url(first.shard)} has no column {', '.join(map(repr, missing))} "
+            f"(its columns: {', '.join(columns)}); fix record.fields",
+            url=first.shard,
+        )
 
 
 def _contract(plan: Plan) -> list[str]:
@@ -282,5 +314,13 @@ def _shard_facts(plan: Plan, sizes: Mapping[str, int]) -> Callable[[int], ShardF
 
 
 FORMAT = Format(
-    open_tars, "indexed", ("members",), _contract, arrays=("embedding",), shard_facts=_shard_facts, doc=__doc__ or ""
+    open_tars,
+    "indexed",
+    ("members",),
+    _contract,
+    arrays=("embedding",),
+    shard_facts=_shard_facts,
+    fields=True,
+    metadata=("parquet",),
+    doc=__doc__ or "",
 )

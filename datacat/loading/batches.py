@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from datacat.loading.collate import array_keys, collate_numpy
+from datacat.loading.collate import array_keys, collate_numpy, field_keys
 from datacat.loading.contracts import Records
 from datacat.loading.epochs import cumulative
 from datacat.loading.filling import FilledBatch, batch_fill, fill_batch, finish_filled
@@ -53,6 +53,7 @@ class BatchView:
     ) -> None:
         self.view = view  # an EpochView, or a MixtureView
         self.arrays = array_keys(view.source.plan)
+        self.fields = field_keys(view.source.plan)
         self.image_size = view.image_size
         self.allocate = allocate
         self.starts = cumulative(view.schedule.batch_sizes)
@@ -145,7 +146,7 @@ class BatchView:
         images = (self.allocate or _empty)((len(fetched), size, size, 3)) if self.view.images else None
         for output in self.view.finish(fetched, into=images):
             (marks if is_marker(output) else samples).append(output)
-        collated = collate_numpy(samples, images, self.arrays)
+        collated = collate_numpy(samples, images, self.arrays, self.fields)
         return {"batch": collated, "marks": marks, "retries": self._retries()}
 
     def _retries(self) -> int:

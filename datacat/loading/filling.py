@@ -34,14 +34,17 @@ FilledBatch = tuple[Sequence[int], Sequence[int], dict[str, np.ndarray], Filled]
 def batch_fill(view: Any) -> BatchFill | None:
     """The BatchFill of a view's source, when its transform keeps the filled arrays as they are; else None.
 
-    Captions drawn from class names need each record's rng, so such entries
-    take the record path; a mixture's records come from several sources.
+    Captions drawn from class names need each record's rng, and record
+    fields and size conditioning each record's parse, so such entries take
+    the record path; a mixture's records come from several sources.
     """
     if not isinstance(view, EpochView):
         return None
     source = view.source
     transform = source.transform
     if isinstance(transform, ImageTransform) and transform.names_path:
+        return None
+    if source.plan.record.fields or source.plan.loading.size_conditioning:
         return None
     return source.fill
 

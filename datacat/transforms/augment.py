@@ -9,7 +9,7 @@ import numpy as np
 
 from datacat.schema import Augmentation
 
-__all__ = ["Augment", "augment_image", "image_augmentations", "record_rng"]
+__all__ = ["Augment", "augment_image", "augmented", "image_augmentations", "record_rng"]
 
 # Colour jitter ranges, as torchvision's ColorJitter(0.2, 0.2, 0.2).
 _BRIGHTNESS = 0.2
@@ -50,13 +50,19 @@ def augment_image(augment: Augment | None, image: np.ndarray, rng: np.random.Gen
     Every draw is made whatever the outcome, so the rng advances the same way
     for every record.
     """
+    return augmented(augment, image, rng)[0]
+
+
+def augmented(augment: Augment | None, image: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+    """:func:`augment_image`'s pixels, and whether they were flipped left to right."""
     if augment is None:
-        return image
+        return image, False
     flip = rng.random() < 0.5
     factors = rng.uniform(-1.0, 1.0, size=3).astype(np.float32)
-    out: np.ndarray = image[:, ::-1] if augment.flip and flip else image
+    flipped = augment.flip and flip
+    out: np.ndarray = image[:, ::-1] if flipped else image
     if not augment.jitter:
-        return np.ascontiguousarray(out)
+        return np.ascontiguousarray(out), flipped
     brightness = 1.0 + _BRIGHTNESS * factors[0]
     contrast = 1.0 + _CONTRAST * factors[1]
     saturation = 1.0 + _SATURATION * factors[2]
@@ -66,4 +72,4 @@ def augment_image(augment: Augment | None, image: np.ndarray, rng: np.random.Gen
     grey = (pixels @ _LUMA)[..., None]
     pixels = grey + (pixels - grey) * saturation
     jittered: np.ndarray = np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
-    return jittered
+    return jittered, flipped

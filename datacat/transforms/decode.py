@@ -10,7 +10,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
-__all__ = ["check_jpeg_markers", "decode_image"]
+__all__ = ["check_jpeg_markers", "decode_image", "stored_size"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,22 @@ def decode_image(
             except ValueError as exc:
                 _judge_refusal(exc, encoded)
     return _decode_with_pillow(encoded, at_least, limit)
+
+
+def stored_size(encoded: bytes | memoryview) -> tuple[int, int]:
+    """(height, width) of an encoded image as stored, from its header (a JPEG's is read without Pillow)."""
+    if encoded[:3] == _JPEG_MAGIC:
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(encoded)
+            return int(height), int(width)
+        except ValueError:
+            pass  # a layout only Pillow reads
+    try:
+        with Image.open(io.BytesIO(encoded)) as image:
+            width, height = image.size
+    except (OSError, SyntaxError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"not a readable image header ({len(encoded)} bytes): {exc}") from None
+    return int(height), int(width)
 
 
 def _judge_refusal(exc: ValueError, encoded: bytes | memoryview) -> None:

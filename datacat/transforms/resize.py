@@ -9,7 +9,7 @@ import numpy as np
 
 from datacat.schema import ResizeMode
 
-__all__ = ["resize_image"]
+__all__ = ["crop_box", "resize_image"]
 
 _LINEAR_UP_TO = 2.0
 
@@ -28,8 +28,7 @@ def resize_image(
     if into is not None and (into.shape != (size, size, 3) or into.dtype != np.uint8):
         into = None
     if mode == "center_crop":
-        side = min(height, width)
-        top, left = (height - side) // 2, (width - side) // 2
+        top, left, side, _ = crop_box(height, width, mode)
         return _scale(image[top : top + side, left : left + side], size, size, into)
     if mode == "squash":
         return _scale(image, size, size, into)
@@ -44,6 +43,17 @@ def resize_image(
         out[top : top + new_h, left : left + new_w] = scaled
         return out
     raise ValueError(f"unknown resize mode {mode!r}; use center_crop, squash or pad")
+
+
+def crop_box(height: int, width: int, mode: ResizeMode = "center_crop") -> tuple[int, int, int, int]:
+    """(top, left, height, width) of the part of a ``height`` x ``width`` image that ``resize_image`` keeps.
+
+    ``center_crop`` keeps the central square; ``squash`` and ``pad`` keep the whole image.
+    """
+    if mode == "center_crop":
+        side = min(height, width)
+        return (height - side) // 2, (width - side) // 2, side, side
+    return 0, 0, height, width
 
 
 def _scale(image: np.ndarray, height: int, width: int, into: np.ndarray | None = None) -> np.ndarray:

@@ -15,10 +15,10 @@ import numpy as np
 
 from datacat.plan import Plan
 from datacat.registry import format_of
-from datacat.transforms.augment import augment_image, image_augmentations, record_rng
+from datacat.transforms.augment import augmented, image_augmentations, record_rng
 from datacat.transforms.captions import Tokenize, caption_from_label, class_names
-from datacat.transforms.decode import decode_image
-from datacat.transforms.resize import resize_image
+from datacat.transforms.decode import decode_image, stored_size
+from datacat.transforms.resize import crop_box, resize_image
 
 __all__ = ["ImageTransform", "RowTransform", "transform_for"]
 
@@ -46,6 +46,8 @@ class ImageTransform:
             self.names_path = plan.root.rstrip("/") + "/label.labels.txt"
         self.tokenize = tokenize
         self.arrays = format_of(plan.format).arrays
+        self.fields = plan.record.fields
+        self.conditioning = plan.loading.size_conditioning
 
     def __repr__(self) -> str:
         return f"ImageTransform({self.name!r}, size={self.size}, resize={self.resize!r}, augment={self.augment}, seed={self.seed})"
@@ -67,9 +69,11 @@ class ImageTransform:
             if isinstance(image, np.ndarray)
             else decode_image(image, at_least=self.size, max_pixels=self.max_pixels)
         )
+        decoded = pixels.shape[:2]
         pixels = resize_image(pixels, self.size, mode=self.resize, into=into if rng is None else None)
+        flipped = False
         if rng is not None:
-            pixels = augment_image(self.augment, pixels, rng)
+            pixels, flipped = augmented(self.augment, pixels, rng)
         caption = record.get("caption")
         label = record.get("label")
         if caption is None and label is not None and self.names_path:
@@ -88,9 +92,30 @@ class ImageTransform:
         for name in self.arrays:
             if record.get(name) is not None:
                 sample[name] = record[name]
+        for name in self.fields:
+            sample[name] = record[name]
+        if self.conditioning:
+            stored = image.shape[:2] if isinstance(image, np.ndarray) else stored_size(image)
+            sample.update(self._size_conditioning(stored, decoded, flipped))
         if self.tokenize is not None and caption is not None:
             sample["tokens"] = self.tokenize(caption)
         return sample
+
+    def _size_conditioning(
+        self, stored: tuple[int, int], decoded: tuple[int, int], flipped: bool
+    ) -> dict[str, tuple[int, int]]:
+        """SDXL's size and crop conditioning of one image: the crop taken from the decoded pixels, in stored pixels.
+
+        A JPEG decoded at a reduction (1/2, 1/4, 1/8) is cropped in the reduced
+        pixels; the crop is scaled back by the reduction, so it is exact to
+        one reduced pixel. A flipped sample's crop is given in the flipped image.
+        """
+        (height, width), (rows, cols) = stored, decoded
+        top, left, _, crop_w = crop_box(rows, cols, self.resize)
+        y, x = round(top * height / rows), round(left * width / cols)
+        if flipped:
+            x = width - x - round(crop_w * width / cols)
+        return {"original_size": (height, width), "crop_top_left": (y, x), "target_size": (self.size, self.size)}
 
 
 class RowTransform:

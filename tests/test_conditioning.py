@@ -1,0 +1,197 @@
+"""Text-to-image conditioning: record fields from members and img2dataset's parquet, SDXL size and crop conditioning.
+
+The set is laid out as img2dataset writes it, made here: per shard a tar of
+jpg/txt/json samples, a parquet with a row per url tried (some failed, with
+no sample in the tar) and LAION's score columns, and a ``_stats.json``.
+Images have uneven aspect ratios and a short side under twice the training
+size, so they are decoded at full size and the crop can be recomputed from
+the stored image exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import make_tar
+from PIL import Image
+
+import datacat
+from datacat.errors import CatalogError, ShardError
+
+SHARDS, URLS = 3, 10  # urls tried per shard; every fourth failed
+SIZE = 32
+SHAPES = [(96, 48), (48, 80), (60, 60), (120, 50), (50, 44), (44, 90)]  # (width, height)
+
+
+def _photo(seed: int, width: int, height: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((width, height))
+    out = io.BytesIO()
+    pixels.save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def _img2dataset_folder(folder: Path) -> dict[str, dict[str, Any]]:
+    """The folder img2dataset would write; returns each successful sample's metadata row by key."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: dict[str, dict[str, Any]] = {}
+    for shard in range(SHARDS):
+        members, table = [], []
+        for i in range(URLS):
+            key = f"{shard:05d}{i:04d}"
+            width, height = SHAPES[(shard * URLS + i) % len(SHAPES)]
+            ok = i % 4 != 3
+            row = {
+                "key": key,
+                "url": f"https://example.com/{key}.jpg",
+                "caption": f"a photo numbered {key}",
+                "status": "success" if ok else "failed_to_download",
+                "width": width if ok else None,
+                "height": height if ok else None,
+                "aesthetic": round(4.0 + (shard * URLS + i) / 10, 2),
+                "punsafe": round(i / 100, 3),
+            }
+            table.append(row)
+            if ok:
+                meta = {k: row[k] for k in ("url", "caption", "key", "status", "width", "height")}
+                meta |= {"original_width": width * 3, "original_height": height * 3, "exif": "{}"}
+                members += [
+                    (f"{key}.jpg", _photo(shard * URLS + i, width, height)),
+                    (f"{key}.txt", str(row["caption"]).encode()),
+                    (f"{key}.json", json.dumps(meta).encode()),
+                ]
+                rows[key] = {**row, "json": meta}
+        make_tar(folder / f"{shard:05d}.tar", members)
+        pq.write_table(pa.Table.from_pylist(table), folder / f"{shard:05d}.parquet")
+        successes = sum(r["status"] == "success" for r in table)
+        stats = {"count": URLS, "successes": successes, "failed_to_download": URLS - successes}
+        (folder / f"{shard:05d}_stats.json").write_text(json.dumps(stats))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def laion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    folder = tmp_path_factory.mktemp("img2dataset")
+    rows = _img2dataset_folder(folder)
+    catalog = folder / "catalog.yaml"
+    location = f"location: {{root: '{folder}', shards: '{{00000..{SHARDS - 1:05d}}}.tar'}}"
+    fields = "[json, aesthetic, punsafe, width, url]"
+    catalog.write_text(
+        f"laion: {{description: d, format: webdataset, {location}, record: {{fields: {fields}, metadata: parquet}}, "
+        f"loading: {{image_size: {SIZE}, val_batches: 0, augmentation: none}}}}\n"
+        f"sized: {{description: d, format: webdataset, {location}, "
+        f"loading: {{image_size: {SIZE}, val_batches: 0, augmentation: flip_only, size_conditioning: true}}}}\n"
+        f"members: {{description: d, format: webdataset, {location}, record: {{fields: [json]}}, "
+        f"loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
+        f"wrong: {{description: d, format: webdataset, {location}, record: {{fields: [aesthetics], metadata: parquet}}, "
+        f"loading: {{image_size: {SIZE}, val_batches: 0, on_bad_sample: raise}}}}\n"
+    )
+    return catalog, rows
+
+
+def _batches(name: str, catalog: Path, framework: str, **options: Any) -> list[dict[str, Any]]:
+    loader = datacat.open(
+        name, framework=framework, batch_size=4, catalog=datacat.load_catalog([catalog]), seed=3, **options
+    )
+    return [dict(batch) for batch in loader]
+
+
+@pytest.mark.parametrize(("framework", "workers"), [("torch", 0), ("torch", 2), ("jax", 0)])
+def test_fields_are_the_members_and_the_table_rows(
+    laion: tuple[Path, dict[str, dict[str, Any]]], framework: str, workers: int
+) -> None:
+    catalog, rows = laion
+    seen = []
+    for batch in _batches("laion", catalog, framework, num_workers=workers):
+        assert isinstance(batch["json"], list) and isinstance(batch["url"], list)
+        aesthetic, punsafe, width = (np.asarray(batch[k]) for k in ("aesthetic", "punsafe", "width"))
+        assert aesthetic.dtype == np.float64 and width.dtype == np.int64 and aesthetic.shape == (len(batch["key"]),)
+        for i, key in enumerate(batch["key"]):
+            row = rows[key]
+            assert batch["json"][i] == row["json"]  # the member, parsed
+            assert batch["url"][i] == row["url"] and width[i] == row["width"]  # the parquet's columns
+            assert aesthetic[i] == row["aesthetic"] and punsafe[i] == row["punsafe"]
+            seen.append(key)
+    assert sorted(seen) == sorted(rows)  # every success once; the failed urls' rows meet no sample
+
+
+def test_torch_and_jax_give_the_same_fields(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    catalog, _ = laion
+    torch_batches = _batches("laion", catalog, "torch")
+    jax_batches = _batches("laion", catalog, "jax")
+    for one, other in zip(torch_batches, jax_batches, strict=True):
+        assert one["key"] == other["key"] and one["json"] == other["json"]
+        assert np.array_equal(np.asarray(one["aesthetic"]), np.asarray(other["aesthetic"]))
+
+
+def test_size_and_crop_conditioning_is_the_crop_taken(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    from datacat.transforms.resize import resize_image
+
+    catalog, _ = laion
+    folder = catalog.parent
+    stored: dict[str, np.ndarray] = {}
+    for shard in range(SHARDS):
+        import tarfile
+
+        with tarfile.open(folder / f"{shard:05d}.tar") as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".jpg"):
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    stored[member.name[:-4]] = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    flips = {True: 0, False: 0}
+    for batch in _batches("sized", catalog, "torch"):
+        original, crop, target = (np.asarray(batch[k]) for k in ("original_size", "crop_top_left", "target_size"))
+        assert original.dtype == np.int64 and original.shape == (len(batch["key"]), 2)
+        for i, key in enumerate(batch["key"]):
+            image = stored[key]
+            height, width = image.shape[:2]
+            side = min(height, width)
+            top, left = (height - side) // 2, (width - side) // 2
+            assert tuple(original[i]) == (height, width) and tuple(target[i]) == (SIZE, SIZE)
+            plain = resize_image(image, SIZE)
+            got = np.asarray(batch["image"][i])
+            flipped = not np.array_equal(got, plain)
+            if flipped:
+                assert np.array_equal(got, plain[:, ::-1])
+            flips[flipped] += 1
+            y, x = crop[i]
+            # The crop's top-left in the image as the model saw it: the flipped image when the sample was flipped.
+            seen = image[:, ::-1] if flipped else image
+            assert (y, x) == (top, width - left - side if flipped else left)
+            assert np.array_equal(
+                seen[y : y + side, x : x + side],
+                image[top : top + side, left : left + side][:, ::-1]
+                if flipped
+                else image[top : top + side, left : left + side],
+            )
+    assert flips[True] and flips[False]  # both cases were met
+
+
+def test_a_field_found_nowhere_names_the_table_and_the_fix(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    catalog, _ = laion
+    with pytest.raises(ShardError, match=r"no member \.aesthetics, and .*00000\.parquet has no column 'aesthetics'"):
+        _batches("wrong", catalog, "torch")  # at open, before any batch
+    batch = _batches("members", catalog, "torch")[0]
+    assert all(isinstance(meta, dict) and meta["status"] == "success" for meta in batch["json"])
+
+
+def test_fields_are_validated_with_the_entry(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "a: {description: d, format: webdataset, location: {root: /x, shards: '0.tar'}, record: {fields: [key]}}\n"
+        "b: {description: d, format: image_folder, location: {root: /x, shards: '*'}, record: {fields: [json]}}\n"
+        "c: {description: d, format: array_record, location: {root: /x, shards: '0.ar'}, record: {metadata: parquet}}\n"
+    )
+    with pytest.raises(CatalogError) as caught:
+        datacat.load_catalog([path])
+    text = str(caught.value)
+    assert "'key': datacat fills that batch key itself" in text
+    assert "does not pass record fields through" in text
+    assert "joins none, not 'parquet'" in text
