@@ -29,7 +29,8 @@ def describe(
         split: The split to resolve.
         root: Replaces the entry's root, as in :func:`datacat.resolve`.
 
-    Globs are listed only for local roots, so describing a bucket entry needs no network.
+    Globs are listed, and img2dataset's stats files read, only for local roots, so describing a bucket entry
+    needs no network.
 
     Example:
         >>> datacat.describe("cc3m")["shard_count"]
@@ -39,7 +40,8 @@ def describe(
     canonical = catalog.canonical(name)
     entry = catalog[canonical]
     probe = resolve(canonical, catalog=catalog, split=split, root=root, list_shards=False)
-    local = probe.glob is not None and "://" not in probe.glob
+    where = probe.glob if probe.glob is not None else (probe.shards[0].url if probe.shards else "")
+    local = bool(where) and "://" not in where  # a local entry's globs are listed and its stats files read
     plan = resolve(canonical, catalog=catalog, split=split, root=root, list_shards=True) if local else probe
     return {
         "name": canonical,

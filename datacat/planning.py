@@ -37,7 +37,8 @@ def resolve(
         seed: The seed every shuffle and augmentation derives from.
         batch_size: Needed to turn ``val_batches`` into a number of held-out records.
         catalog: The catalog to look in; default the built-in one plus ``$DATACAT_CATALOG``.
-        list_shards: List glob shard specs now (may touch storage); otherwise the Plan keeps the glob.
+        list_shards: List glob shard specs now and read img2dataset's per-shard stats (may touch storage);
+            otherwise the Plan keeps the glob, and shards without a declared count stay uncounted.
         env: Where ``${VAR}`` in the entry is looked up; default the environment.
         loading: Overrides of the entry's ``loading`` section, e.g. ``image_size=256``.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import re
 
-__all__ = ["brace_numbers", "expand_braces"]
+__all__ = ["beside", "brace_numbers", "expand_braces"]
 
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
@@ -54,3 +54,12 @@ def _expand_group(body: str, pattern: str) -> list[str]:
     if "," in body:
         return body.split(",")
     raise ValueError(f"brace group {{{body}}} in shard pattern {pattern!r} is neither lo..hi nor a,b")
+
+
+def beside(shard_url: str, suffix: str) -> str:
+    """The file img2dataset writes beside a tar shard: ``.../00012.tar`` (or ``.tar.gz``, ``.tgz``) and ``.parquet``
+    give ``.../00012.parquet``; ``_stats.json`` gives ``.../00012_stats.json``."""
+    for ending in (".tar.gz", ".tgz", ".tar"):
+        if shard_url.endswith(ending):
+            return shard_url[: -len(ending)] + suffix
+    return shard_url.rsplit(".", 1)[0] + suffix

@@ -195,3 +195,21 @@ def test_fields_are_validated_with_the_entry(tmp_path: Path) -> None:
     assert "'key': datacat fills that batch key itself" in text
     assert "does not pass record fields through" in text
     assert "joins none, not 'parquet'" in text
+
+
+def test_counts_come_from_the_stats_files_with_no_shard_opened(
+    laion: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path
+) -> None:
+    catalog, rows = laion
+    for stats in catalog.parent.glob("*_stats.json"):  # the stats alone: a shard read would fail
+        (tmp_path / stats.name).write_bytes(stats.read_bytes())
+    alone = tmp_path / "catalog.yaml"
+    alone.write_text(catalog.read_text().replace(str(catalog.parent), str(tmp_path)))
+    plan = datacat.resolve("laion", catalog=datacat.load_catalog([alone]))
+    successes = [sum(key.startswith(f"{s:05d}") for key in rows) for s in range(SHARDS)]
+    assert [s.samples for s in plan.shards] == successes and plan.samples == len(rows) and plan.samples_exact
+    described = datacat.describe("laion", catalog=datacat.load_catalog([alone]))
+    assert described["plan"]["samples"] == len(rows)
+    (tmp_path / "00001_stats.json").write_text('{"count": 10}')
+    with pytest.raises(ShardError, match=r"00001_stats\.json is not img2dataset's stats of 00001\.tar"):
+        datacat.resolve("laion", catalog=datacat.load_catalog([alone]))

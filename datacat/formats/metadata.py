@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from datacat.formats.tar import decode_member
+from datacat.shards import beside
 from datacat.storage import open_url
 
 __all__ = ["ShardTables", "decoded_fields", "table_url"]
@@ -24,12 +25,9 @@ _TABLES_KEPT = 64
 """Shard tables a process keeps: a shuffled epoch draws from every shard, so a miss reads one table again."""
 
 
-def table_url(shard_url: str, suffix: str = ".parquet") -> str:
-    """The metadata table beside a tar shard: ``.../00012.tar`` (or ``.tar.gz``, ``.tgz``) -> ``.../00012.parquet``."""
-    for ending in (".tar.gz", ".tgz", ".tar"):
-        if shard_url.endswith(ending):
-            return shard_url[: -len(ending)] + suffix
-    return shard_url.rsplit(".", 1)[0] + suffix
+def table_url(shard_url: str) -> str:
+    """The metadata table beside a tar shard: ``.../00012.tar`` -> ``.../00012.parquet``."""
+    return beside(shard_url, ".parquet")
 
 
 def decoded_fields(fields: Sequence[str], entries: Mapping[str, Any]) -> dict[str, Any]:
