@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from datacat.catalog import Catalog, load_catalog
+from datacat.formats.selection import selected_count
 from datacat.plan import Plan
 from datacat.planning import resolve
 from datacat.registry import MIXTURE, format_of
@@ -62,6 +63,7 @@ def describe(
             for split_name, where in entry.splits.items()
         },
         "contract": layout_contract(plan, entry),
+        "selected": selected_count(plan) if plan.select else None,
         "fingerprint": plan.fingerprint(),
         "plan": plan.to_json(),
     }

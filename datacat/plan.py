@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
-from datacat.schema import Embeddings, Exhaustion, Loading, Record
+from datacat.schema import Condition, Embeddings, Exhaustion, Loading, Record
 
 __all__ = ["Plan", "PlanComponent", "Shard", "ShardFacts", "manifest_key", "mixture_samples", "weigh_components"]
 
@@ -77,6 +77,8 @@ class Plan(_Frozen):
     """Some shard's count came from reading it (the manifest cache), not from the catalog."""
     bytes: int | None = None
     record: Record = Record()
+    select: dict[str, Condition] = {}
+    """The entry's metadata bounds: the records read are those that meet them."""
     loading: Loading = Loading()
     batch_size: int | None = None
     components: tuple[PlanComponent, ...] = ()

@@ -111,6 +111,7 @@ def _resolve(
         batch_size=batch_size,
         source=source.file,
         overrides=source.overrides,
+        select=entry.select,
         record=entry.record.model_copy(
             update={"layout": entry.record.layout or (None if info is None else (info.layouts or (None,))[0])}
         ),

@@ -72,6 +72,8 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
         )
     if entry.record.fields and not info.fields:
         yield name, ("record", "fields"), f"format {entry.format!r} does not pass record fields through; remove them"
+    if entry.select and entry.record.metadata is None:
+        yield name, ("select",), "bounds metadata columns: set record.metadata (parquet) to say which table holds them"
     if entry.record.metadata is not None and entry.record.metadata not in info.metadata:
         tables = f"only {', '.join(info.metadata)}" if info.metadata else "none"
         yield name, ("record", "metadata"), f"format {entry.format!r} joins {tables}, not {entry.record.metadata!r}"
@@ -93,6 +95,8 @@ def _check_mixture(name: str, entry: Entry) -> Iterator[Finding]:
         yield name, ("mixture",), f"required for format {MIXTURE!r}"
     if entry.location is not None:
         yield name, ("location",), "a mixture has no shards of its own; remove it and list components"
+    if entry.select:
+        yield name, ("select",), "a mixture selects through its components: put select on each component's entry"
     for section in _SCHEMA_SECTIONS:
         if getattr(entry, section) is not None:
             yield name, (section,), _not_mine(section, MIXTURE)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "BATCH_KEYS",
@@ -20,6 +20,7 @@ __all__ = [
     "BadSamplePolicy",
     "Captions",
     "Component",
+    "Condition",
     "Embeddings",
     "Entry",
     "Exhaustion",
@@ -129,6 +130,34 @@ class Record(_Frozen):
         return fields
 
 
+Scalar = float | int | str | bool
+
+
+class Condition(_Frozen):
+    """Bounds on one metadata column (`select: {aesthetic: {">=": 6}}`); a record is kept when its value meets
+    every bound given. A null meets none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, use_attribute_docstrings=True)
+
+    ge: Scalar | None = Field(None, alias=">=")
+    gt: Scalar | None = Field(None, alias=">")
+    le: Scalar | None = Field(None, alias="<=")
+    lt: Scalar | None = Field(None, alias="<")
+    eq: Scalar | None = Field(None, alias="==")
+    ne: Scalar | None = Field(None, alias="!=")
+    in_: tuple[Scalar, ...] | None = Field(None, alias="in")
+
+    @model_validator(mode="after")
+    def _says_something(self) -> Condition:
+        if all(value is None for value in self.bounds().values()):
+            raise ValueError('give at least one of ">=", ">", "<=", "<", "==", "!=", "in"')
+        return self
+
+    def bounds(self) -> dict[str, Any]:
+        """The bounds given, by operator name (``ge``, ``in_``, ...)."""
+        return {name: getattr(self, name) for name in type(self).model_fields if getattr(self, name) is not None}
+
+
 class Captions(_Frozen):
     """How a record without text of its own gets a caption."""
 
@@ -224,6 +253,9 @@ class Entry(_Frozen):
     """Other splits by name (e.g. `validation`), each a location of its own."""
     totals: Totals = Totals()
     record: Record = Record()
+    select: dict[str, Condition] = {}
+    """Only the records whose metadata meet these bounds, by column of the `record.metadata` table, e.g.
+    `{aesthetic: {">=": 6}, punsafe: {"<": 0.1}, width: {">=": 512}}`; no shard is rewritten."""
     loading: Loading = Loading()
     mixture: Mixture | None = None
     embeddings: Embeddings | None = None

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +93,14 @@ def laion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dic
         f"loading: {{image_size: {SIZE}, val_batches: 0, augmentation: flip_only, size_conditioning: true}}}}\n"
         f"members: {{description: d, format: webdataset, {location}, record: {{fields: [json]}}, "
         f"loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
+        f"chosen: {{description: d, format: webdataset, {location}, record: {{metadata: parquet, fields: [aesthetic]}}, "
+        f"select: {{aesthetic: {{'>=': 4.5}}, punsafe: {{'<': 0.08}}}}, loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
+        f"others: {{description: d, format: webdataset, {location}, record: {{metadata: parquet}}, "
+        f"select: {{aesthetic: {{'<': 4.5}}}}, loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
+        "both: {description: d, format: mixture, mixture: {components: [{name: chosen, weight: 3}, {name: others, weight: 1}], "
+        "exhaustion: restart}}\n"
+        f"misbound: {{description: d, format: webdataset, {location}, record: {{metadata: parquet}}, "
+        f"select: {{aesthetics: {{'>=': 5}}}}, loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
         f"wrong: {{description: d, format: webdataset, {location}, record: {{fields: [aesthetics], metadata: parquet}}, "
         f"loading: {{image_size: {SIZE}, val_batches: 0, on_bad_sample: raise}}}}\n"
     )
@@ -178,6 +189,8 @@ def test_a_field_found_nowhere_names_the_table_and_the_fix(laion: tuple[Path, di
     catalog, _ = laion
     with pytest.raises(ShardError, match=r"no member \.aesthetics, and .*00000\.parquet has no column 'aesthetics'"):
         _batches("wrong", catalog, "torch")  # at open, before any batch
+    with pytest.raises(ShardError, match=r"select bounds 'aesthetics', which .*00000\.parquet has no column of"):
+        _batches("misbound", catalog, "torch")
     batch = _batches("members", catalog, "torch")[0]
     assert all(isinstance(meta, dict) and meta["status"] == "success" for meta in batch["json"])
 
@@ -188,6 +201,9 @@ def test_fields_are_validated_with_the_entry(tmp_path: Path) -> None:
         "a: {description: d, format: webdataset, location: {root: /x, shards: '0.tar'}, record: {fields: [key]}}\n"
         "b: {description: d, format: image_folder, location: {root: /x, shards: '*'}, record: {fields: [json]}}\n"
         "c: {description: d, format: array_record, location: {root: /x, shards: '0.ar'}, record: {metadata: parquet}}\n"
+        "e: {description: d, format: webdataset, location: {root: /x, shards: '0.tar'}, select: {w: {'>=': 1}}}\n"
+        "f: {description: d, format: webdataset, location: {root: /x, shards: '0.tar'}, record: {metadata: parquet}, "
+        "select: {w: {'=>': 1}}}\n"
     )
     with pytest.raises(CatalogError) as caught:
         datacat.load_catalog([path])
@@ -195,6 +211,8 @@ def test_fields_are_validated_with_the_entry(tmp_path: Path) -> None:
     assert "'key': datacat fills that batch key itself" in text
     assert "does not pass record fields through" in text
     assert "joins none, not 'parquet'" in text
+    assert "set record.metadata (parquet) to say which table holds them" in text
+    assert "=>" in text and "select" in text
 
 
 def test_counts_come_from_the_stats_files_with_no_shard_opened(
@@ -213,3 +231,56 @@ def test_counts_come_from_the_stats_files_with_no_shard_opened(
     (tmp_path / "00001_stats.json").write_text('{"count": 10}')
     with pytest.raises(ShardError, match=r"00001_stats\.json is not img2dataset's stats of 00001\.tar"):
         datacat.resolve("laion", catalog=datacat.load_catalog([alone]))
+
+
+def _chosen(rows: dict[str, dict[str, Any]]) -> list[str]:
+    return sorted(k for k, r in rows.items() if r["aesthetic"] >= 4.5 and r["punsafe"] < 0.08)
+
+
+def test_select_reads_exactly_the_matching_records_once_over_ranks_and_workers(
+    laion: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    catalog, rows = laion
+    expected = _chosen(rows)
+    assert 0 < len(expected) < len(rows)
+    keys: list[str] = []
+    for rank in range(4):
+        for batch in _batches("chosen", catalog, "torch", num_workers=2, world_size=4, rank=rank, epochs=1):
+            assert all(a >= 4.5 for a in np.asarray(batch["aesthetic"]))
+            keys += batch["key"]
+    assert sorted(keys) == expected  # each matching record once, no other
+    text = subprocess.run(
+        [sys.executable, "-m", "datacat", "describe", "chosen"],
+        env={**os.environ, "DATACAT_CATALOG": str(catalog)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"select: aesthetic >= 4.5, punsafe < 0.08: {len(expected)} records" in text
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_selected_epoch_resumes_exactly(laion: tuple[Path, dict[str, dict[str, Any]]], framework: str) -> None:
+    catalog, rows = laion
+    options: dict[str, Any] = {"batch_size": 2, "seed": 4, "catalog": datacat.load_catalog([catalog]), "epochs": 2}
+    full = [list(b["key"]) for b in datacat.open("chosen", framework=framework, **options)]
+    assert sorted(k for b in full[: len(full) // 2] for k in b) == _chosen(rows)  # epoch 1: the selection
+    loader = datacat.open("chosen", framework=framework, **options)
+    batches = iter(loader)
+    head = [list(next(batches)["key"]) for _ in range(5)]
+    state = loader.state_dict()
+    loader.close()
+    again = datacat.open("chosen", framework=framework, **options)
+    again.load_state_dict(state)
+    assert head + [list(b["key"]) for b in again] == full
+
+
+def test_a_mixture_of_selections_holds_its_weights(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    catalog, rows = laion
+    chosen, others = set(_chosen(rows)), {k for k, r in rows.items() if r["aesthetic"] < 4.5}
+    catalog_ = datacat.load_catalog([catalog])
+    loader = datacat.open("both", framework="torch", batch_size=8, catalog=catalog_, seed=1, epochs=None)
+    keys = [k for batch, _ in zip(loader, range(40), strict=False) for k in batch["key"]]
+    assert set(keys) <= chosen | others and chosen <= set(keys) and others <= set(keys)
+    share = sum(k in chosen for k in keys) / len(keys)
+    assert 0.68 < share < 0.82, share  # weights 3 : 1 over 320 draws

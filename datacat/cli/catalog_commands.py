@@ -109,6 +109,13 @@ def describe(ctx: click.Context, name: str, split: str, root: str | None, all_sh
     _print_description(info, all_shards=all_shards)
 
 
+_OPERATORS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "eq": "==", "ne": "!=", "in_": "in"}
+
+
+def _bounds(ops: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(_OPERATORS.get(op, op), value) for op, value in ops.items() if value is not None]
+
+
 def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = "") -> None:
     plan = info["plan"]
     say = functools.partial(out.print, markup=False)
@@ -162,6 +169,13 @@ def _print_description(info: dict[str, Any], *, all_shards: bool, indent: str = 
             else f" ({exactness})"
         )
     )
+    if plan.get("select"):
+        bounds = ", ".join(
+            f"{column} {op} {value}" for column, ops in plan["select"].items() for op, value in _bounds(ops)
+        )
+        selected = info.get("selected")
+        count = "counted when a loader first opens it" if selected is None else f"{selected:,} records"
+        say(f"{indent}  select: {bounds}: {count}")
     say(f"{indent}  size: {human_bytes(plan['bytes'])}")
     for split_name, split in (info.get("splits") or {}).items():
         count = "?" if split["samples"] is None else f"{split['samples']:,}"

@@ -52,8 +52,11 @@ class ShardTables:
     Picklable: worker processes read the tables they need themselves.
     """
 
-    def __init__(self, name: str, columns: Sequence[str], storage_options: Mapping[str, Any]) -> None:
+    def __init__(
+        self, name: str, columns: Sequence[str], storage_options: Mapping[str, Any], *, ordered: bool = False
+    ) -> None:
         self.name = name
+        self.ordered = ordered  # each row's place must be its sample's place in the tar (a selection relies on it)
         self.columns = tuple(columns)
         self.storage_options = dict(storage_options)
         self._tables: collections.OrderedDict[str, _Table] = collections.OrderedDict()
@@ -85,6 +88,11 @@ class ShardTables:
         if row is None:
             raise ValueError(
                 f"key {key!r} has no successful row in {url} (its 'key' column): the table and the tar disagree"
+            )
+        if self.ordered and row[_ORDINAL] != int(record["__uid__"]) & 0xFFFFFFFF:
+            raise ValueError(
+                f"key {key!r} is sample {int(record['__uid__']) & 0xFFFFFFFF} of its tar but successful row "
+                f"{row[_ORDINAL]} of {url}: select needs the table in the tar's order, as img2dataset writes it"
             )
         for column in wanted:
             record[column] = row[column]
@@ -122,7 +130,13 @@ class ShardTables:
         keep: Sequence[int] = range(table.num_rows)
         if "status" in data:  # failed downloads have rows but no sample
             keep = [i for i in keep if data["status"][i] == "success"]
-        return tuple(names), {str(data["key"][i]): {c: data[c][i] for c in columns} for i in keep}
+        return tuple(names), {
+            str(data["key"][i]): {_ORDINAL: ordinal, **{c: data[c][i] for c in columns}}
+            for ordinal, i in enumerate(keep)
+        }
+
+
+_ORDINAL = "\0ordinal"  # a row's place among the table's successful rows (no column can be named so)
 
 
 _Table = tuple[tuple[str, ...], dict[str, dict[str, Any]]]

@@ -95,7 +95,7 @@ def _joined(record: dict[str, Any], fields: Sequence[str], tables: ShardTables |
 def _tables(plan: Plan) -> ShardTables | None:
     if plan.record.metadata is None:
         return None
-    return ShardTables(plan.name, plan.record.fields, plan.storage_options)
+    return ShardTables(plan.name, plan.record.fields, plan.storage_options, ordered=bool(plan.select))
 
 
 class TarStream:

@@ -21,6 +21,7 @@ import numpy as np
 
 from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import BatchFill, RawItem, Reader, open_reader
+from datacat.formats.selection import Selection, build_selection
 from datacat.loading.epochs import Schedule, cumulative, locate
 from datacat.loading.options import LoadOptions
 from datacat.loading.shuffle import Feistel, epoch_key, shard_order
@@ -76,6 +77,14 @@ class SampleSource:
         self.shard_cache = None if options is None or not reads_remote(plan) else options.shard_cache
         self._serve()
         self.reader: Reader = open_reader(plan)
+        self.chosen: Selection | None = None  # the records that meet the entry's select; None: every record
+        if plan.select:
+            if not self.reader.random_access:
+                raise OptionError(
+                    f"{plan.name}: select needs records read by position, and a gzip-compressed tar is read front "
+                    "to back; decompress its shards or drop select"
+                )
+            self.chosen = build_selection(plan, self.reader.counts)
         self.transform = transform_for(plan, tokenize=None if options is None else options.tokenize)
         self.ledger = ledger_for(plan, options)
         declared = format_of(plan.format).fill
@@ -116,14 +125,16 @@ class SampleSource:
         return EpochView(self, schedule, seed=seed, epoch=epoch, shuffle=shuffle)
 
     def total(self) -> int:
-        """Records in all shards, before holdout and count."""
+        """Records in all shards (those the entry selects), before holdout and count."""
         reader = self.reader
+        if self.chosen is not None:
+            return len(self.chosen)
         if reader.random_access:
             return len(reader)
         return self.shard_offsets()[-1]
 
     def selection(self) -> range:
-        """The canonical positions this source reads."""
+        """The positions this source reads: canonical ones, or with ``select`` indices into :attr:`chosen`."""
         return selected_range(self.plan, self.total())
 
     def shard_offsets(self) -> list[int]:
@@ -236,7 +247,8 @@ class EpochView:
             raise IndexError(index)
         j = self.schedule.at(index)
         if self.source.random_access:
-            return self.first + (self.permutation[j] if self.permutation is not None else j)
+            k = self.first + (self.permutation[j] if self.permutation is not None else j)
+            return k if self.source.chosen is None else self.source.chosen.take([k])[0]
         part, offset = locate(self.span_starts, j)
         shard, begin, _ = self.spans[part]
         return self.offsets[shard] + begin + offset
@@ -249,8 +261,10 @@ class EpochView:
             raise IndexError(min(indices) if min(indices) < 0 else max(indices))
         first, sequence = self.first, self.schedule.at_all(indices)
         if self.permutation is None:
-            return [first + j for j in sequence]
-        return [first + p for p in self.permutation.take(sequence)]
+            picked = [first + j for j in sequence]
+        else:
+            picked = [first + p for p in self.permutation.take(sequence)]
+        return picked if self.source.chosen is None else self.source.chosen.take(picked)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return finish(self.fetch([index]))[0]

@@ -1,0 +1,174 @@
+"""Record selection: the canonical positions of the records whose metadata meet an entry's ``select`` bounds.
+
+img2dataset writes a shard's successful rows to its parquet in the order of
+the samples in its tar, so the k-th successful row is the tar's k-th sample.
+:func:`build_selection` reads the bounded columns of every shard's table
+(16 at a time), checks each table's successful rows against the tar's
+sample count, and keeps the positions of the rows that meet every bound. The
+result is saved in the cache under a hash of the shards and the bounds (an ``.npy`` of
+int64 positions and a ``.json`` with its count, which ``describe`` reads),
+so it is built once; a worker maps the file instead of receiving a copy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from datacat.cache import cache_dir
+from datacat.errors import ShardError
+from datacat.schema import Condition
+from datacat.shards import beside
+from datacat.storage import is_remote, open_url
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from datacat.plan import Plan
+
+__all__ = ["Selection", "build_selection", "selected_count"]
+
+
+def _paths(plan: Plan) -> tuple[Path, Path]:
+    """The cache's files of a plan's selection, named by what decides it: the shards and the bounds (not the seed)."""
+    decides = {
+        "shards": [(shard.name, shard.url) for shard in plan.shards],
+        "select": {column: condition.bounds() for column, condition in sorted(plan.select.items())},
+    }
+    digest = hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:24]
+    folder = cache_dir() / "selections"
+    return folder / f"{digest}.npy", folder / f"{digest}.json"
+
+
+def selected_count(plan: Plan) -> int | None:
+    """The number of records ``plan`` selects, if its selection is in the cache (no storage read)."""
+    _, count = _paths(plan)
+    try:
+        return int(json.loads(count.read_text())["selected"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Selection:
+    """The selected canonical positions of one Plan, ascending; picklable as its file's path."""
+
+    def __init__(self, path: Path, count: int) -> None:
+        self.path = path
+        self.count = count
+        self._positions: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"Selection({self.count} records)"
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_positions": None}
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The positions, mapped from the cache's file (a plain array over the mapping: fast to index)."""
+        if self._positions is None:
+            import numpy as np
+
+            self._positions = np.load(self.path, mmap_mode="r").view(np.ndarray)
+        return self._positions
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> list[int]:
+        """The canonical positions of the ``indices``-th selected records."""
+        import numpy as np
+
+        out: list[int] = self.positions[np.asarray(indices, dtype=np.int64)].tolist()
+        return out
+
+
+def build_selection(plan: Plan, counts: Sequence[int]) -> Selection:
+    """The selection of ``plan`` over shards of ``counts`` samples: from the cache, else read from the tables now."""
+    array_path, count_path = _paths(plan)
+    count = selected_count(plan)
+    if count is not None and array_path.is_file():
+        return Selection(array_path, count)
+    import numpy as np
+
+    urls = [beside(shard.url, ".parquet") for shard in plan.shards]
+    threads = min(16, len(urls)) if urls and is_remote(urls[0]) else 1
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        masks = list(pool.map(lambda args: _shard_mask(plan, *args), zip(urls, counts, strict=True)))
+    offsets = np.cumsum([0, *counts[:-1]], dtype=np.int64) if counts else np.zeros(0, np.int64)
+    positions = np.concatenate([np.flatnonzero(m) + o for m, o in zip(masks, offsets, strict=True)] or [np.zeros(0)])
+    positions = positions.astype(np.int64)
+    array_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = array_path.with_name(f".tmp-{os.getpid()}-{array_path.name}")
+    np.save(tmp, positions)
+    os.replace(tmp, array_path)
+    count_path.write_text(json.dumps({"name": plan.name, "selected": len(positions), "of": int(sum(counts))}))
+    return Selection(array_path, len(positions))
+
+
+def _shard_mask(plan: Plan, url: str, samples: int) -> np.ndarray:
+    """Which of one shard's samples meet every bound, from its table's successful rows in order."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    columns = list(plan.select)
+    with open_url(url, plan.storage_options) as stream:
+        try:
+            names = pq.read_schema(stream).names
+            absent = [c for c in columns if c not in names]
+            if absent:
+                raise ShardError(
+                    f"{plan.name}: select bounds {', '.join(map(repr, absent))}, which {url} has no column of "
+                    f"(its columns: {', '.join(names)}); fix select",
+                    url=url,
+                )
+            stream.seek(0)
+            table = pq.read_table(stream, columns=[*columns, *(["status"] if "status" in names else [])])
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise ShardError(f"{plan.name}: {url} is not a readable parquet table: {exc}", url=url) from None
+    if "status" in table.column_names:
+        table = table.filter(pc.equal(table["status"], "success"))
+    if table.num_rows != samples:
+        raise ShardError(
+            f"{plan.name}: {url} has {table.num_rows} successful rows but its tar holds {samples} samples; "
+            "a selection needs the table img2dataset wrote with the tar",
+            url=url,
+        )
+    import pyarrow as pa
+
+    keep = np.ones(samples, dtype=bool)
+    for column, condition in plan.select.items():
+        try:
+            keep &= _meets(table[column], condition)
+        except (pa.ArrowException, TypeError, ValueError) as exc:  # a bound of another type than the column's
+            raise ShardError(
+                f"{plan.name}: select.{column} cannot bound column {column!r} of {url} "
+                f"({table.schema.field(column).type}): {exc}; fix select",
+                url=url,
+            ) from None
+    return keep
+
+
+_COMPARE = {"ge": "greater_equal", "gt": "greater", "le": "less_equal", "lt": "less", "eq": "equal", "ne": "not_equal"}
+
+
+def _meets(column: Any, condition: Condition) -> np.ndarray:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keep = pa.array(np.ones(len(column), dtype=bool))
+    for name, bound in condition.bounds().items():
+        if name == "in_":
+            met = pc.is_in(column, value_set=pa.array(list(bound)))
+        else:
+            met = getattr(pc, _COMPARE[name])(column, bound)
+        keep = pc.and_kleene(keep, pc.fill_null(met, False))
+    out: np.ndarray = keep.to_numpy(zero_copy_only=False)
+    return out
