@@ -28,6 +28,7 @@ from datacat.rules import escapes_root, is_glob, shard_names
 from datacat.schema import (
     Augmentation,
     BadSamplePolicy,
+    Buckets,
     Captions,
     Entry,
     Loading,
@@ -56,6 +57,7 @@ class LoadingOverrides(TypedDict, total=False):
     max_pixels: int
     read_ahead: int | str
     size_conditioning: bool
+    buckets: Buckets | Mapping[str, object] | None
 
 
 def resolve_entry(

@@ -72,6 +72,12 @@ def check_entry(name: str, entry: Entry, env: Mapping[str, str] | None = None) -
         )
     if entry.record.fields and not info.fields:
         yield name, ("record", "fields"), f"format {entry.format!r} does not pass record fields through; remove them"
+    if entry.loading.buckets is not None and entry.record.metadata is None:
+        yield (
+            name,
+            ("loading", "buckets"),
+            "needs each image's size: set record.metadata (parquet, its width and height)",
+        )
     if entry.select and entry.record.metadata is None:
         yield name, ("select",), "bounds metadata columns: set record.metadata (parquet) to say which table holds them"
     if entry.record.metadata is not None and entry.record.metadata not in info.metadata:

@@ -18,6 +18,7 @@ __all__ = [
     "BATCH_KEYS",
     "Augmentation",
     "BadSamplePolicy",
+    "Buckets",
     "Captions",
     "Component",
     "Condition",
@@ -168,6 +169,41 @@ class Captions(_Frozen):
     """Prompt templates with one `{}` for the class name; one is drawn per record."""
 
 
+class Buckets(_Frozen):
+    """Aspect-ratio buckets: each record goes to the bucket nearest its aspect ratio (from its metadata's `width`
+    and `height`, no decode), every batch comes from one bucket and is resized to its size."""
+
+    sizes: tuple[tuple[PositiveInt, PositiveInt], ...] = ()
+    """The buckets' (height, width), e.g. `[[1024, 1024], [896, 1152], [1152, 896]]`."""
+    area: PositiveInt | None = None
+    """Instead of `sizes`: the side of a square of the buckets' area (1024: about 1024 x 1024 pixels each)."""
+    step: PositiveInt = 64
+    """With `area`: each side a multiple of this."""
+    max_ratio: Annotated[float, Field(ge=1.0)] = 2.0
+    """With `area`: the largest long side over short side."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Buckets:
+        if bool(self.sizes) == (self.area is not None):
+            raise ValueError("give either sizes (a list of [height, width]) or area (with step and max_ratio)")
+        if self.area is not None and self.area < self.step:
+            raise ValueError(f"area {self.area} is below one step of {self.step}")
+        return self
+
+    def resolved(self) -> tuple[tuple[int, int], ...]:
+        """The (height, width) of every bucket: ``sizes``, or those ``area``, ``step`` and ``max_ratio`` make."""
+        if self.sizes:
+            return tuple(dict.fromkeys(self.sizes))
+        assert self.area is not None
+        target, step, found = self.area * self.area, self.step, set()
+        for width in range(step, int(self.area * self.max_ratio**0.5) + step, step):
+            height = max(step, round(target / width / step) * step)
+            if max(height / width, width / height) <= self.max_ratio:
+                found.add((height, width))
+                found.add((width, height))
+        return tuple(sorted(found, key=lambda size: size[1] / size[0]))
+
+
 class Loading(_Frozen):
     """How the dataset is loaded unless a call says otherwise."""
 
@@ -188,6 +224,8 @@ class Loading(_Frozen):
     """Images with more pixels are refused from their header, before decoding (one 81 Mpx PNG costs 1 GB)."""
     read_ahead: ByteSize = ByteSize(8 * 2**20)
     """Bytes a remote stream (tar indexing, gzip tars) reads per request; accepts `8 MiB`."""
+    buckets: Buckets | None = None
+    """Batches by aspect ratio instead of squares of `image_size` (needs `record.metadata` for each image's size)."""
     size_conditioning: bool = False
     """Each batch carries, per image, `original_size` (h, w of the stored image), `crop_top_left` (y, x of the
     crop in those pixels, in the flipped image when the sample was flipped) and `target_size` (h, w), as SDXL's

@@ -99,6 +99,9 @@ def laion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dic
         f"select: {{aesthetic: {{'<': 4.5}}}}, loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
         "both: {description: d, format: mixture, mixture: {components: [{name: chosen, weight: 3}, {name: others, weight: 1}], "
         "exhaustion: restart}}\n"
+        f"bucketed: {{description: d, format: webdataset, {location}, record: {{metadata: parquet}}, "
+        f"loading: {{image_size: {SIZE}, val_batches: 0, augmentation: flip_only, size_conditioning: true, "
+        "buckets: {sizes: [[32, 32], [24, 48], [48, 24]]}}}\n"
         f"misbound: {{description: d, format: webdataset, {location}, record: {{metadata: parquet}}, "
         f"select: {{aesthetics: {{'>=': 5}}}}, loading: {{image_size: {SIZE}, val_batches: 0}}}}\n"
         f"wrong: {{description: d, format: webdataset, {location}, record: {{fields: [aesthetics], metadata: parquet}}, "
@@ -284,3 +287,88 @@ def test_a_mixture_of_selections_holds_its_weights(laion: tuple[Path, dict[str, 
     assert set(keys) <= chosen | others and chosen <= set(keys) and others <= set(keys)
     share = sum(k in chosen for k in keys) / len(keys)
     assert 0.68 < share < 0.82, share  # weights 3 : 1 over 320 draws
+
+
+BUCKETS = [(32, 32), (24, 48), (48, 24)]
+
+
+def _nearest(height: int, width: int) -> tuple[int, int]:
+    return min(BUCKETS, key=lambda b: abs(np.log(width / height) - np.log(b[1] / b[0])))
+
+
+def _stored_sizes(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    return {key: (row["height"], row["width"]) for key, row in rows.items()}
+
+
+@pytest.mark.parametrize(("framework", "workers"), [("torch", 2), ("jax", 0)])
+def test_a_bucketed_epoch_gives_batches_of_one_bucket_each_record_once(
+    laion: tuple[Path, dict[str, dict[str, Any]]], framework: str, workers: int
+) -> None:
+    catalog, rows = laion
+    stored = _stored_sizes(rows)
+    keys: list[str] = []
+    shapes = set()
+    for batch in _batches("bucketed", catalog, framework, num_workers=workers):
+        image = np.asarray(batch["image"])
+        bucket = image.shape[1:3]
+        assert bucket in BUCKETS and all(_nearest(*stored[k]) == bucket for k in batch["key"])
+        assert all(tuple(t) == bucket for t in np.asarray(batch["target_size"]))
+        assert all(tuple(o) == stored[k] for o, k in zip(np.asarray(batch["original_size"]), batch["key"], strict=True))
+        shapes.add(bucket)
+        keys += batch["key"]
+    assert sorted(keys) == sorted(rows) and shapes == set(BUCKETS)
+
+
+def test_a_bucketed_epoch_over_ranks_resumes_exactly(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    catalog, rows = laion
+    options: dict[str, Any] = {"batch_size": 2, "seed": 6, "catalog": datacat.load_catalog([catalog]), "epochs": 2}
+    keys: list[str] = []
+    for rank in range(2):
+        for batch in datacat.open(
+            "bucketed",
+            framework="torch",
+            world_size=2,
+            rank=rank,
+            epochs=1,
+            **{k: v for k, v in options.items() if k != "epochs"},
+        ):
+            keys += batch["key"]
+    assert sorted(keys) == sorted(rows)  # every record once over both ranks
+    full = [list(b["key"]) for b in datacat.open("bucketed", framework="torch", **options)]
+    loader = datacat.open("bucketed", framework="torch", **options)
+    batches = iter(loader)
+    head = [list(next(batches)["key"]) for _ in range(4)]
+    state = loader.state_dict()
+    again = datacat.open("bucketed", framework="torch", **options)
+    again.load_state_dict(state)
+    assert head + [list(b["key"]) for b in again] == full
+    other = datacat.open("bucketed", framework="torch", **{**options, "batch_size": 3})
+    with pytest.raises(datacat.errors.PlanMismatch, match="aspect-ratio buckets"):
+        other.load_state_dict(state)
+
+
+def test_jax_compiles_a_step_once_per_bucket(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    catalog, _ = laion
+    traced: list[tuple[int, ...]] = []
+
+    @jax.jit
+    def step(images: jax.Array) -> jax.Array:
+        traced.append(images.shape)  # runs when jax traces, once a shape
+        return jnp.mean(images.astype(jnp.float32))
+
+    loader = datacat.open(
+        "bucketed",
+        framework="jax",
+        batch_size=2,
+        drop_remainder=True,
+        catalog=datacat.load_catalog([catalog]),
+        epochs=2,
+    )
+    seen = []
+    for batch in loader:
+        step(batch["image"]).block_until_ready()
+        seen.append(batch["image"].shape)
+    assert len(seen) > len(BUCKETS) and len(traced) == len(set(seen)) == len(BUCKETS)

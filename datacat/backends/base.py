@@ -280,6 +280,11 @@ class BaseLoader:
         found = differences(state, self.state_dict(), records=schedule.records, stream=not self.source.random_access)
         relaid = [line for line in found if line.split(":")[0] in ELASTIC]
         if relaid and len(relaid) == len(found):
+            if self.source.bucketing is not None:
+                raise PlanMismatch(
+                    f"this state was saved with another world layout ({'; '.join(relaid)}), and {self.plan.name!r} "
+                    "cuts its epochs into aspect-ratio buckets by world size and batch size: resume on the saved ones"
+                )
             if not self.source.random_access or state.get("position") is None:
                 raise PlanMismatch(
                     f"this state was saved with another world layout ({'; '.join(relaid)}), and {self.plan.name!r} "

@@ -4,8 +4,8 @@ img2dataset writes a shard's successful rows to its parquet in the order of
 the samples in its tar, so the k-th successful row is the tar's k-th sample.
 :func:`build_selection` reads the bounded columns of every shard's table
 (16 at a time), checks each table's successful rows against the tar's
-sample count, and keeps the positions of the rows that meet every bound. The
-result is saved in the cache under a hash of the shards and the bounds (an ``.npy`` of
+sample count, and keeps the positions of the rows that meet every bound. (The image sizes aspect-ratio buckets need are read the same way:
+:func:`stored_sizes`.) The result is saved in the cache under a hash of the shards and the bounds (an ``.npy`` of
 int64 positions and a ``.json`` with its count, which ``describe`` reads),
 so it is built once; a worker maps the file instead of receiving a copy.
 """
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from datacat.plan import Plan
 
-__all__ = ["Selection", "build_selection", "selected_count"]
+__all__ = ["Selection", "build_selection", "selected_count", "stored_sizes"]
 
 
 def _paths(plan: Plan) -> tuple[Path, Path]:
@@ -107,25 +107,25 @@ def build_selection(plan: Plan, counts: Sequence[int]) -> Selection:
     tmp = array_path.with_name(f".tmp-{os.getpid()}-{array_path.name}")
     np.save(tmp, positions)
     os.replace(tmp, array_path)
-    count_path.write_text(json.dumps({"name": plan.name, "selected": len(positions), "of": int(sum(counts))}))
+    tmp_count = count_path.with_name(f".tmp-{os.getpid()}-{count_path.name}")
+    tmp_count.write_text(json.dumps({"name": plan.name, "selected": len(positions), "of": int(sum(counts))}))
+    os.replace(tmp_count, count_path)
     return Selection(array_path, len(positions))
 
 
-def _shard_mask(plan: Plan, url: str, samples: int) -> np.ndarray:
-    """Which of one shard's samples meet every bound, from its table's successful rows in order."""
-    import numpy as np
+def _success_rows(plan: Plan, url: str, samples: int, columns: Sequence[str], what: str) -> Any:
+    """The ``columns`` of one shard table's successful rows, in order, checked against its tar's ``samples``."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    columns = list(plan.select)
     with open_url(url, plan.storage_options) as stream:
         try:
             names = pq.read_schema(stream).names
             absent = [c for c in columns if c not in names]
             if absent:
                 raise ShardError(
-                    f"{plan.name}: select bounds {', '.join(map(repr, absent))}, which {url} has no column of "
-                    f"(its columns: {', '.join(names)}); fix select",
+                    f"{plan.name}: {what} {', '.join(map(repr, absent))}, which {url} has no column of "
+                    f"(its columns: {', '.join(names)})",
                     url=url,
                 )
             stream.seek(0)
@@ -137,11 +137,18 @@ def _shard_mask(plan: Plan, url: str, samples: int) -> np.ndarray:
     if table.num_rows != samples:
         raise ShardError(
             f"{plan.name}: {url} has {table.num_rows} successful rows but its tar holds {samples} samples; "
-            "a selection needs the table img2dataset wrote with the tar",
+            f"{what.split()[0]} needs the table img2dataset wrote with the tar",
             url=url,
         )
+    return table
+
+
+def _shard_mask(plan: Plan, url: str, samples: int) -> np.ndarray:
+    """Which of one shard's samples meet every bound, from its table's successful rows in order."""
+    import numpy as np
     import pyarrow as pa
 
+    table = _success_rows(plan, url, samples, list(plan.select), "select bounds")
     keep = np.ones(samples, dtype=bool)
     for column, condition in plan.select.items():
         try:
@@ -153,6 +160,40 @@ def _shard_mask(plan: Plan, url: str, samples: int) -> np.ndarray:
                 url=url,
             ) from None
     return keep
+
+
+def stored_sizes(plan: Plan, counts: Sequence[int]) -> np.ndarray:
+    """(height, width) of every record's stored image, int32 [records, 2] in canonical order, from the tables.
+
+    img2dataset's ``width`` and ``height`` columns; cached like a selection.
+    """
+    import numpy as np
+
+    decides = {"shards": [(shard.name, shard.url) for shard in plan.shards], "sizes": ["height", "width"]}
+    digest = hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / "selections" / f"sizes-{digest}.npy"
+    if path.is_file():
+        cached: np.ndarray = np.load(path)
+        return cached
+
+    def shard_sizes(args: tuple[str, int]) -> np.ndarray:
+        url, samples = args
+        table = _success_rows(plan, url, samples, ["height", "width"], "buckets need the image sizes")
+        sizes = np.stack([table[c].to_numpy(zero_copy_only=False) for c in ("height", "width")], axis=1)
+        if samples and (np.isnan(sizes.astype(np.float64)).any() or (sizes <= 0).any()):
+            raise ShardError(f"{plan.name}: {url} has a successful row without a positive width and height", url=url)
+        return sizes.astype(np.int32).reshape(samples, 2)
+
+    urls = [beside(shard.url, ".parquet") for shard in plan.shards]
+    threads = min(16, len(urls)) if urls and is_remote(urls[0]) else 1
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        parts = list(pool.map(shard_sizes, zip(urls, counts, strict=True)))
+    sizes = np.concatenate(parts) if parts else np.zeros((0, 2), np.int32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    np.save(tmp, sizes)
+    os.replace(tmp, path)
+    return sizes
 
 
 _COMPARE = {"ge": "greater_equal", "gt": "greater", "le": "less_equal", "lt": "less", "eq": "equal", "ne": "not_equal"}

@@ -142,8 +142,8 @@ class BatchView:
         samples: list[dict[str, Any]] = []
         marks: list[dict[str, Any]] = []
         # Images are resized straight into the batch's rows: no per-image array, no copy to collate.
-        size = self.image_size
-        images = (self.allocate or _empty)((len(fetched), size, size, 3)) if self.view.images else None
+        height, width = self.view.image_shape(self.starts[batch]) if fetched else (self.image_size, self.image_size)
+        images = (self.allocate or _empty)((len(fetched), height, width, 3)) if self.view.images else None
         for output in self.view.finish(fetched, into=images):
             (marks if is_marker(output) else samples).append(output)
         collated = collate_numpy(samples, images, self.arrays, self.fields)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
+    from datacat.loading.buckets import Bucketing
     from datacat.loading.epochs import Schedule
     from datacat.loading.sources import Fetched
     from datacat.plan import Plan
@@ -48,6 +49,10 @@ class Records(Protocol):
 
     @property
     def image_size(self) -> int: ...
+
+    def image_shape(self, index: int) -> tuple[int, int]:
+        """(height, width) of the images of the batch holding record ``index`` (a bucket's, else a square)."""
+        ...
 
     @property
     def random_access(self) -> bool:
@@ -89,6 +94,11 @@ class Source(Protocol):
     @property
     def remote(self) -> bool:
         """Whether records come from remote storage (then reads are latency-bound and read ahead in threads)."""
+        ...
+
+    @property
+    def bucketing(self) -> Bucketing | None:
+        """The aspect-ratio buckets its epochs are cut by (None: batches of squares)."""
         ...
 
     def __len__(self) -> int: ...

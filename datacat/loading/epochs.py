@@ -30,10 +30,11 @@ import bisect
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from datacat.errors import OptionError
 
-__all__ = ["Schedule", "cumulative", "locate", "plan_schedule", "round_robin_consumed"]
+__all__ = ["Schedule", "cumulative", "locate", "plan_schedule", "round_robin_consumed", "stepped_schedule"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +56,17 @@ class Schedule:
     ``first + sum(steps[:b])``."""
     first: int = 0
     """The sequence position the steps begin at: records before it were delivered before a resume."""
+    order: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """A bucketed epoch's sequence (numpy int64: the selection index at each position), else None (a shuffle)."""
+    step_buckets: tuple[int, ...] = ()
+    """A bucketed epoch's bucket of each step in ``steps``."""
 
     def __post_init__(self) -> None:
         if self.batch_starts is None:
             starts = itertools.accumulate(self.batch_sizes[:-1], initial=self.start)
             object.__setattr__(self, "batch_starts", tuple(starts) if self.batch_sizes else ())
         object.__setattr__(self, "_offsets", tuple(itertools.accumulate(self.batch_sizes, initial=0)))
+        object.__setattr__(self, "_step_starts", tuple(itertools.accumulate(self.steps, initial=self.first)))
 
     @property
     def batches(self) -> int:
@@ -95,6 +101,11 @@ class Schedule:
             start = self.batch_starts[batch] - offsets[batch]
             return [start + i for i in indices]
         return [self.at(i) for i in indices]
+
+    def bucket_at(self, position: int) -> int:
+        """The bucket of sequence position ``position`` of a bucketed epoch."""
+        starts: tuple[int, ...] = self._step_starts  # type: ignore[attr-defined]
+        return self.step_buckets[bisect.bisect_right(starts, position) - 1]
 
     def position(self, batches: int) -> int:
         """The global sequence position once every rank has taken ``batches`` batches (global steps only)."""
@@ -177,15 +188,35 @@ def _global_steps(
                 f"{what}{left} records{' left after the resume point' if first else ''} cannot give each of "
                 f"{world} rank(s) the same number of batches of at most {batch}; lower world_size or batch_size"
             )
+    return stepped_schedule(records, sizes, rank=rank, world_size=world, first=first)
+
+
+def stepped_schedule(
+    records: int,
+    steps: Sequence[int],
+    *,
+    rank: int,
+    world_size: int,
+    first: int = 0,
+    order: Any = None,
+    step_buckets: Sequence[int] = (),
+) -> Schedule:
+    """``rank``'s batches of global steps of the given sizes from sequence position ``first``: its share of each.
+
+    Each step must give every rank a record. ``order`` and ``step_buckets``
+    are a bucketed epoch's (:mod:`datacat.loading.buckets`).
+    """
     starts, mine = [], []
     at = first
-    for size in sizes:
-        base, extra = divmod(size, world)
+    for size in steps:
+        base, extra = divmod(size, world_size)
         starts.append(at + rank * base + min(rank, extra))
         mine.append(base + (1 if rank < extra else 0))
         at += size
     lo = starts[0] if starts else first
-    return Schedule(records, lo, lo + sum(mine), tuple(mine), tuple(starts), tuple(sizes), first)
+    return Schedule(
+        records, lo, lo + sum(mine), tuple(mine), tuple(starts), tuple(steps), first, order, tuple(step_buckets)
+    )
 
 
 def round_robin_consumed(lengths: Sequence[int], taken: int) -> list[int]:

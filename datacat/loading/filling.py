@@ -44,7 +44,7 @@ def batch_fill(view: Any) -> BatchFill | None:
     transform = source.transform
     if isinstance(transform, ImageTransform) and transform.names_path:
         return None
-    if source.plan.record.fields or source.plan.loading.size_conditioning:
+    if source.plan.record.fields or source.plan.loading.size_conditioning or source.bucketing is not None:
         return None
     return source.fill
 

@@ -149,7 +149,13 @@ class MixtureSource:
             raise OptionError(
                 f"{plan.name}: a mixture of mixtures is not supported yet; list their components in one mixture"
             )
+        if any(c.plan.loading.buckets is not None for c in plan.components):
+            raise OptionError(
+                f"{plan.name}: a mixture draws each record from a component, so its batches cannot keep to one "
+                "aspect-ratio bucket; drop loading.buckets from its components"
+            )
         self.plan = plan
+        self.bucketing = None  # a mixture's batches are squares
         self.components = [SampleSource(c.plan, options) for c in plan.components]
         sizes = {c.plan.loading.image_size for c in plan.components}
         if len(sizes) > 1:
@@ -215,6 +221,10 @@ class MixtureView:
     @property
     def image_size(self) -> int:
         return self.source.components[0].plan.loading.image_size
+
+    def image_shape(self, index: int) -> tuple[int, int]:
+        """A mixture's images are squares of its image size."""
+        return self.image_size, self.image_size
 
     def locate(self, index: int) -> tuple[int, int]:
         """(component, k): the record at ``index`` is the k-th draw of that component this epoch."""

@@ -44,6 +44,18 @@ class Epochs:
     def schedule(self, epoch: int) -> Schedule:
         """Which records of epoch ``epoch`` this rank reads, in which batches (from the resume point, if resumed there)."""
         resumed = self.resumed
+        first = resumed[1] if resumed is not None and resumed[0] == epoch else 0
+        if self.source.bucketing is not None:
+            return self.source.bucketing.schedule(
+                self.seed,
+                epoch,
+                shuffle=self.shuffle,
+                rank=self.rank,
+                world_size=self.world_size,
+                batch_size=self.batch_size,
+                drop_remainder=self.drop_remainder,
+                first=first,
+            )
         return plan_schedule(
             self.source.epoch_length(self.seed, epoch),
             rank=self.rank,
@@ -52,7 +64,7 @@ class Epochs:
             drop_remainder=self.drop_remainder,
             name=self.name,
             steps=self.source.random_access,
-            first=resumed[1] if resumed is not None and resumed[0] == epoch else 0,
+            first=first,
         )
 
     def batches(self, epoch: int) -> BatchView:

@@ -21,7 +21,8 @@ import numpy as np
 
 from datacat.errors import DatacatError, OptionError, ShardError
 from datacat.formats import BatchFill, RawItem, Reader, open_reader
-from datacat.formats.selection import Selection, build_selection
+from datacat.formats.selection import Selection, build_selection, stored_sizes
+from datacat.loading.buckets import Bucketing, nearest_buckets
 from datacat.loading.epochs import Schedule, cumulative, locate
 from datacat.loading.options import LoadOptions
 from datacat.loading.shuffle import Feistel, epoch_key, shard_order
@@ -85,11 +86,26 @@ class SampleSource:
                     "to back; decompress its shards or drop select"
                 )
             self.chosen = build_selection(plan, self.reader.counts)
+        self.bucketing = self._bucketing() if plan.loading.buckets is not None else None
         self.transform = transform_for(plan, tokenize=None if options is None else options.tokenize)
         self.ledger = ledger_for(plan, options)
         declared = format_of(plan.format).fill
         # The format's batch path (arrays read straight into a batch), when this plan's records allow it.
         self.fill: BatchFill | None = None if declared is None else declared(self.reader, plan)
+
+    def _bucketing(self) -> Bucketing:
+        """Each selected record's aspect-ratio bucket, from its stored image's size in the metadata table."""
+        buckets = self.plan.loading.buckets
+        assert buckets is not None
+        if not self.reader.random_access:
+            raise OptionError(
+                f"{self.plan.name}: aspect-ratio buckets need records read by position, and a gzip-compressed tar "
+                "is read front to back; decompress its shards or drop loading.buckets"
+            )
+        stored = stored_sizes(self.plan, self.reader.counts)
+        picked = np.arange(self.selection().start, self.selection().stop)
+        canonical = picked if self.chosen is None else self.chosen.positions[picked]
+        return Bucketing(self.plan.name, buckets.resolved(), nearest_buckets(buckets.resolved(), stored[canonical]))
 
     def _serve(self) -> None:
         """Reads of this plan's shards in this process use the shard cache's copies (before any read)."""
@@ -193,7 +209,11 @@ class EpochView:
         selection = source.selection()
         self.first = selection.start
         if source.random_access:
-            self.permutation = Feistel(len(selection), epoch_key(seed, epoch)) if shuffle else None
+            self.permutation: Feistel | _Order | None = None
+            if schedule.order is not None:  # a bucketed epoch's own sequence
+                self.permutation = _Order(schedule.order)
+            elif shuffle:
+                self.permutation = Feistel(len(selection), epoch_key(seed, epoch))
         else:
             offsets = self.offsets = source.shard_offsets()
             order = shard_order(len(source.plan.shards), seed, epoch, shuffle)
@@ -218,6 +238,13 @@ class EpochView:
     @property
     def image_size(self) -> int:
         return self.source.plan.loading.image_size
+
+    def image_shape(self, index: int) -> tuple[int, int]:
+        """(height, width) the images of the batch holding this slice's ``index``-th record are resized to."""
+        bucketing = self.source.bucketing
+        if bucketing is None or not self.schedule.step_buckets:
+            return self.image_size, self.image_size
+        return bucketing.sizes[self.schedule.bucket_at(self.schedule.at(index))]
 
     @property
     def random_access(self) -> bool:
@@ -335,3 +362,17 @@ def finish(fetched: Sequence[Fetched], component: bool = False, into: np.ndarray
             output["component"] = view.source.plan.name
         out.append(output)
     return out
+
+
+class _Order:
+    """A bucketed epoch's sequence, read as a shuffle is: ``order[j]`` and ``order.take(js)``."""
+
+    def __init__(self, order: np.ndarray) -> None:
+        self.order = order
+
+    def __getitem__(self, index: int) -> int:
+        return int(self.order[index])
+
+    def take(self, indices: Sequence[int]) -> list[int]:
+        out: list[int] = self.order[np.asarray(indices, dtype=np.int64)].tolist()
+        return out

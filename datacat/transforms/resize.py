@@ -1,4 +1,4 @@
-"""RGB uint8 pixels to a square of the training size: crop, squash or pad."""
+"""RGB uint8 pixels to the training size (a square, or a bucket's height and width): crop, squash or pad."""
 
 from __future__ import annotations
 
@@ -15,45 +15,54 @@ _LINEAR_UP_TO = 2.0
 
 
 def resize_image(
-    image: np.ndarray, size: int, *, mode: ResizeMode = "center_crop", into: np.ndarray | None = None
+    image: np.ndarray, size: int | tuple[int, int], *, mode: ResizeMode = "center_crop", into: np.ndarray | None = None
 ) -> np.ndarray:
-    """``image`` as a ``size`` x ``size`` square; linear or area interpolation down, cubic up.
+    """``image`` as a ``size`` x ``size`` square, or ``(height, width)``; linear or area interpolation down, cubic up.
 
-    ``center_crop`` keeps the central square, ``squash`` scales each side on
-    its own, ``pad`` fits the long side and pads the rest with white. With
-    ``into`` (uint8 ``size`` x ``size`` x 3, a batch's row, say) the square
-    is written there and ``into`` returned: no array made, no copy after.
+    ``center_crop`` keeps the central part of the target's aspect ratio,
+    ``squash`` scales each side on its own, ``pad`` fits the image inside
+    and pads the rest with white. With ``into`` (uint8 of the target's
+    shape x 3, a batch's row, say) the result is written there and ``into``
+    returned: no array made, no copy after.
     """
+    rows, cols = (size, size) if isinstance(size, int) else size
     height, width = image.shape[:2]
-    if into is not None and (into.shape != (size, size, 3) or into.dtype != np.uint8):
+    if into is not None and (into.shape != (rows, cols, 3) or into.dtype != np.uint8):
         into = None
     if mode == "center_crop":
-        top, left, side, _ = crop_box(height, width, mode)
-        return _scale(image[top : top + side, left : left + side], size, size, into)
+        top, left, crop_h, crop_w = crop_box(height, width, mode, (rows, cols))
+        return _scale(image[top : top + crop_h, left : left + crop_w], rows, cols, into)
     if mode == "squash":
-        return _scale(image, size, size, into)
+        return _scale(image, rows, cols, into)
     if mode == "pad":
-        scale = size / max(height, width)
-        new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
+        scale = min(rows / height, cols / width)
+        new_h, new_w = max(1, min(rows, round(height * scale))), max(1, min(cols, round(width * scale)))
         scaled = _scale(image, new_h, new_w)
-        out = np.full((size, size, 3), 255, dtype=np.uint8) if into is None else into
+        out = np.full((rows, cols, 3), 255, dtype=np.uint8) if into is None else into
         if into is not None:
             out[...] = 255
-        top, left = (size - new_h) // 2, (size - new_w) // 2
+        top, left = (rows - new_h) // 2, (cols - new_w) // 2
         out[top : top + new_h, left : left + new_w] = scaled
         return out
     raise ValueError(f"unknown resize mode {mode!r}; use center_crop, squash or pad")
 
 
-def crop_box(height: int, width: int, mode: ResizeMode = "center_crop") -> tuple[int, int, int, int]:
+def crop_box(
+    height: int, width: int, mode: ResizeMode = "center_crop", target: tuple[int, int] = (1, 1)
+) -> tuple[int, int, int, int]:
     """(top, left, height, width) of the part of a ``height`` x ``width`` image that ``resize_image`` keeps.
 
-    ``center_crop`` keeps the central square; ``squash`` and ``pad`` keep the whole image.
+    ``center_crop`` keeps the central part of ``target``'s aspect ratio (a
+    square by default); ``squash`` and ``pad`` keep the whole image.
     """
-    if mode == "center_crop":
-        side = min(height, width)
-        return (height - side) // 2, (width - side) // 2, side, side
-    return 0, 0, height, width
+    if mode != "center_crop":
+        return 0, 0, height, width
+    rows, cols = target
+    if width * rows > height * cols:  # wider than the target: the sides are cut
+        crop_h, crop_w = height, max(1, min(width, round(height * cols / rows)))
+    else:
+        crop_h, crop_w = max(1, min(height, round(width * rows / cols))), width
+    return (height - crop_h) // 2, (width - crop_w) // 2, crop_h, crop_w
 
 
 def _scale(image: np.ndarray, height: int, width: int, into: np.ndarray | None = None) -> np.ndarray:

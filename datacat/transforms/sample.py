@@ -64,13 +64,15 @@ class ImageTransform:
         image = record.get("image")
         if image is None:
             raise ValueError("record has no image")
+        # A batch's row says the size: a square of image_size, or its aspect-ratio bucket's.
+        target = (int(into.shape[0]), int(into.shape[1])) if into is not None else (self.size, self.size)
         pixels = (
             image
             if isinstance(image, np.ndarray)
-            else decode_image(image, at_least=self.size, max_pixels=self.max_pixels)
+            else decode_image(image, at_least=max(target), max_pixels=self.max_pixels)
         )
         decoded = pixels.shape[:2]
-        pixels = resize_image(pixels, self.size, mode=self.resize, into=into if rng is None else None)
+        pixels = resize_image(pixels, target, mode=self.resize, into=into if rng is None else None)
         flipped = False
         if rng is not None:
             pixels, flipped = augmented(self.augment, pixels, rng)
@@ -96,13 +98,13 @@ class ImageTransform:
             sample[name] = record[name]
         if self.conditioning:
             stored = image.shape[:2] if isinstance(image, np.ndarray) else stored_size(image)
-            sample.update(self._size_conditioning(stored, decoded, flipped))
+            sample.update(self._size_conditioning(stored, decoded, target, flipped))
         if self.tokenize is not None and caption is not None:
             sample["tokens"] = self.tokenize(caption)
         return sample
 
     def _size_conditioning(
-        self, stored: tuple[int, int], decoded: tuple[int, int], flipped: bool
+        self, stored: tuple[int, int], decoded: tuple[int, int], target: tuple[int, int], flipped: bool
     ) -> dict[str, tuple[int, int]]:
         """SDXL's size and crop conditioning of one image: the crop taken from the decoded pixels, in stored pixels.
 
@@ -111,11 +113,11 @@ class ImageTransform:
         one reduced pixel. A flipped sample's crop is given in the flipped image.
         """
         (height, width), (rows, cols) = stored, decoded
-        top, left, _, crop_w = crop_box(rows, cols, self.resize)
+        top, left, _, crop_w = crop_box(rows, cols, self.resize, target)
         y, x = round(top * height / rows), round(left * width / cols)
         if flipped:
             x = width - x - round(crop_w * width / cols)
-        return {"original_size": (height, width), "crop_top_left": (y, x), "target_size": (self.size, self.size)}
+        return {"original_size": (height, width), "crop_top_left": (y, x), "target_size": target}
 
 
 class RowTransform:
