@@ -20,6 +20,7 @@ from typing import Any
 from datacat.catalog import Catalog, load_catalog
 from datacat.errors import OptionError, ShardError
 from datacat.formats import RawItem
+from datacat.formats.selection import build_selection, stored_sizes
 from datacat.limits import deadline
 from datacat.loading.sources import SampleSource
 from datacat.plan import Plan, Shard
@@ -65,6 +66,8 @@ class Report:
     bad_samples: list[BadSample]
     problems: list[str]
     manifest: str | None = None
+    selected: int | None = None
+    """Records the entry's ``select`` keeps (the selection is then in the cache for every loader)."""
 
     @property
     def ok(self) -> bool:
@@ -122,7 +125,10 @@ def verify(
     declared = {s.name: s.samples for s in plan.shards} if entry.totals.per_shard else {}
     absent = [s.name for s in shards if s.name not in listing]
     present_but_missing = sorted(n for n in declared_missing if n in listing)
-    unexpected = sorted(n for n in listing if n not in named and not _beside(n))
+    tables = entry.record.metadata == "parquet"  # img2dataset's NNNNN.parquet beside each tar
+    unexpected = sorted(
+        n for n in listing if n not in named and not _beside(n) and not (tables and n.endswith(".parquet"))
+    )
     problems = [f"shard {n} is named by the entry but absent from {plan.root}" for n in absent]
     problems += [
         f"shard {n} is declared missing but exists; remove it from location.missing" for n in present_but_missing
@@ -162,8 +168,21 @@ def verify(
         else:
             bad = _decode_all(checked, lambda done, total: say("decoded", done, total))
         problems += [f"bad record: {b}" for b in bad]
+    selected = None
+    complete = not absent and not any(isinstance(f, BaseException) for f in facts)
+    if complete and (plan.select or plan.loading.buckets is not None):
+        # What a loader would build at its first open, built here once for every host.
+        counted_plan = plan.model_copy(update={"shards": tuple(found)})
+        counts = [f.records for f in facts if isinstance(f, ShardFacts)]
+        try:
+            if plan.select:
+                selected = len(build_selection(counted_plan, counts))
+            if plan.loading.buckets is not None:
+                stored_sizes(counted_plan, counts)
+        except ShardError as exc:
+            problems.append(str(exc))
     manifest_path = None
-    if not absent and not any(isinstance(f, BaseException) for f in facts):
+    if complete:
         manifest = Manifest(
             plan.manifest,
             canonical,
@@ -182,6 +201,7 @@ def verify(
         bad,
         problems,
         manifest_path,
+        selected,
     )
 
 

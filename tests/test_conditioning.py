@@ -372,3 +372,20 @@ def test_jax_compiles_a_step_once_per_bucket(laion: tuple[Path, dict[str, dict[s
         step(batch["image"]).block_until_ready()
         seen.append(batch["image"].shape)
     assert len(seen) > len(BUCKETS) and len(traced) == len(set(seen)) == len(BUCKETS)
+
+
+def test_verify_builds_the_selection_for_every_loader(
+    laion: tuple[Path, dict[str, dict[str, Any]]], tmp_path: Path
+) -> None:
+    catalog, rows = laion
+    env = {**os.environ, "DATACAT_CATALOG": str(catalog), "DATACAT_CACHE": str(tmp_path / "fresh-cache")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "datacat", *args], env=env, capture_output=True, text=True)
+
+    assert "counted when a loader first opens it" in cli("describe", "chosen").stdout
+    verified = cli("verify", "chosen")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert f"select keeps {len(_chosen(rows))} of {len(rows)} records" in verified.stdout
+    assert "not a shard the entry names" not in verified.stdout  # the tables and stats beside the tars
+    assert f"{len(_chosen(rows))} records" in cli("describe", "chosen").stdout

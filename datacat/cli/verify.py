@@ -98,6 +98,8 @@ def verify(
         )
         for problem in report.problems:
             out.print(f"  {problem}", markup=False)
+        if report.selected is not None:
+            out.print(f"select keeps {report.selected:,} of {total:,} records (cached for every loader)", markup=False)
         if report.manifest:
             out.print(f"manifest: {report.manifest}", markup=False)
         out.print(
