@@ -4,10 +4,12 @@ img2dataset writes a shard's successful rows to its parquet in the order of
 the samples in its tar, so the k-th successful row is the tar's k-th sample.
 :func:`build_selection` reads the bounded columns of every shard's table
 (16 at a time), checks each table's successful rows against the tar's
-sample count, and keeps the positions of the rows that meet every bound. (The image sizes aspect-ratio buckets need are read the same way:
-:func:`stored_sizes`.) The result is saved in the cache under a hash of the shards and the bounds (an ``.npy`` of
-int64 positions and a ``.json`` with its count, which ``describe`` reads),
-so it is built once; a worker maps the file instead of receiving a copy.
+sample count, and keeps the positions of the rows that meet every bound.
+The result is saved in the cache under a hash of the shards and the bounds
+(an ``.npy`` of int64 positions and a ``.json`` with its count, which
+``describe`` reads), so it is built once; a worker maps the file instead of
+receiving a copy. :func:`stored_sizes` reads the image sizes that
+aspect-ratio buckets need the same way.
 """
 
 from __future__ import annotations
