@@ -19,7 +19,7 @@ from datacat.formats.tar import decode_member
 from datacat.shards import beside
 from datacat.storage import open_url
 
-__all__ = ["ShardTables", "decoded_fields", "table_url"]
+__all__ = ["ShardTables", "decoded_fields", "owned", "table_url"]
 
 _TABLES_KEPT = 64
 """Shard tables a process keeps: a shuffled epoch draws from every shard, so a miss reads one table again."""
@@ -42,8 +42,13 @@ def decoded_fields(fields: Sequence[str], entries: Mapping[str, Any]) -> dict[st
         value = entries.get(name)
         if value is None:
             continue
-        out[name] = decode_member(name, value)[1] if isinstance(value, bytes | memoryview) else value
+        out[name] = owned(decode_member(name, value)[1] if isinstance(value, bytes | memoryview) else value)
     return out
+
+
+def owned(value: Any) -> Any:
+    """``value`` with a view of a record's bytes copied out: a batch outlives the record, and crosses processes."""
+    return bytes(value) if isinstance(value, memoryview) else value
 
 
 class ShardTables:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from datacat.cache import cache_dir
 from datacat.errors import RecordError, ShardError
 from datacat.formats import RawItem, check_declared, record_caption
-from datacat.formats.metadata import ShardTables, table_url
+from datacat.formats.metadata import ShardTables, owned, table_url
 from datacat.registry import Format
 from datacat.schema import Record
 from datacat.storage import is_remote, open_url, read_ranges
@@ -78,7 +78,7 @@ def parse_sample(record: Record, item: RawItem) -> dict[str, Any]:
         out["__key__"] = str(members[record.key])
     if record.embedding:
         out["embedding"] = members.get(record.embedding)
-    out.update({name: members[name] for name in record.fields if name in members})
+    out.update({name: owned(members[name]) for name in record.fields if name in members})
     return out
 
 
