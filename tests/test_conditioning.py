@@ -321,14 +321,17 @@ def test_a_bucketed_epoch_gives_batches_of_one_bucket_each_record_once(
     assert sorted(keys) == sorted(rows) and shapes == set(BUCKETS)
 
 
-def test_a_bucketed_epoch_over_ranks_resumes_exactly(laion: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_bucketed_epoch_over_ranks_resumes_exactly(
+    laion: tuple[Path, dict[str, dict[str, Any]]], framework: str
+) -> None:
     catalog, rows = laion
     options: dict[str, Any] = {"batch_size": 2, "seed": 6, "catalog": datacat.load_catalog([catalog]), "epochs": 2}
     keys: list[str] = []
     for rank in range(2):
         for batch in datacat.open(
             "bucketed",
-            framework="torch",
+            framework=framework,
             world_size=2,
             rank=rank,
             epochs=1,
@@ -336,15 +339,15 @@ def test_a_bucketed_epoch_over_ranks_resumes_exactly(laion: tuple[Path, dict[str
         ):
             keys += batch["key"]
     assert sorted(keys) == sorted(rows)  # every record once over both ranks
-    full = [list(b["key"]) for b in datacat.open("bucketed", framework="torch", **options)]
-    loader = datacat.open("bucketed", framework="torch", **options)
+    full = [list(b["key"]) for b in datacat.open("bucketed", framework=framework, **options)]
+    loader = datacat.open("bucketed", framework=framework, **options)
     batches = iter(loader)
     head = [list(next(batches)["key"]) for _ in range(4)]
     state = loader.state_dict()
-    again = datacat.open("bucketed", framework="torch", **options)
+    again = datacat.open("bucketed", framework=framework, **options)
     again.load_state_dict(state)
     assert head + [list(b["key"]) for b in again] == full
-    other = datacat.open("bucketed", framework="torch", **{**options, "batch_size": 3})
+    other = datacat.open("bucketed", framework=framework, **{**options, "batch_size": 3})
     with pytest.raises(datacat.errors.PlanMismatch, match="aspect-ratio buckets"):
         other.load_state_dict(state)
 
