@@ -4,8 +4,9 @@ img2dataset writes, beside each ``NNNNN.tar``, a ``NNNNN.parquet`` with one
 row per url it tried (``key``, ``status``, ``width``, ``height``, for LAION
 ``aesthetic``, ``punsafe``, ...). A :class:`ShardTables` reads the columns an
 entry's ``record.fields`` name from the table of each shard a record comes
-from, once per process, and looks a record's row up by its key. Rows whose
-download failed have no sample in the tar: the join never meets them.
+from (each process keeps the last 64 shards' tables), and looks a record's
+row up by its key. Rows whose download failed have no sample in the tar:
+the join never meets them.
 """
 
 from __future__ import annotations
