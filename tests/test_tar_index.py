@@ -88,7 +88,7 @@ def test_a_damaged_header_mid_shard_is_an_error_naming_the_byte(tmp_path: Path) 
     offset = _damaged(tmp_path / "00.tar", 30)  # sample 15 of 30: tarfile alone would stop there quietly
     with pytest.raises(datacat.ShardError, match=rf"00\.tar is damaged at byte {offset}"):
         datacat.open("t", framework="torch", batch_size=4, catalog=catalog)
-    from datacat.formats.webdataset import group_by_key, tar_members
+    from datacat.formats.tar import group_by_key, tar_members
 
     with open(tmp_path / "00.tar", "rb") as f, pytest.raises(datacat.ShardError, match=f"damaged at byte {offset}"):
         list(group_by_key(tar_members(f, "00.tar"), "00.tar"))
@@ -118,7 +118,7 @@ def test_gzipped_tars_are_still_read_shard_by_shard(tmp_path: Path) -> None:
 
 
 def test_span_reads_parse_one_sample(tmp_path: Path) -> None:
-    from datacat.formats.webdataset import member_spans, sample_of_span
+    from datacat.formats.tar import member_spans, sample_of_span
 
     path = make_tar(tmp_path / "x.tar", sample_members(["a", "b"]))
     with open(path, "rb") as f:
@@ -213,7 +213,7 @@ def test_indexing_a_shard_holds_no_object_per_member(tmp_path: Path) -> None:
     # RSS follow the dataset (~50 MB more at 100k samples, copied into each forked worker).
     import tracemalloc
 
-    from datacat.formats.webdataset import member_spans
+    from datacat.formats.tar import member_spans
 
     path = tmp_path / "big.tar"
     with tarfile.open(path, "w") as tar:
@@ -263,7 +263,7 @@ def test_a_local_shard_indexed_from_its_headers_matches_tarfile(tmp_path: Path, 
 
 
 def test_indexing_refuses_a_key_that_comes_back_or_a_member_given_twice(tmp_path: Path) -> None:
-    from datacat.formats.webdataset import member_spans
+    from datacat.formats.tar import member_spans
 
     for name, members, message in (
         ("back.tar", [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.txt", b"3")], r"key 'a' appears again after other keys"),
@@ -289,7 +289,7 @@ def test_a_header_checksum_is_the_sum_of_its_bytes(tmp_path: Path) -> None:
 
 
 def test_a_span_hands_its_members_on_as_views_not_copies(tmp_path: Path) -> None:
-    from datacat.formats.webdataset import member_spans, sample_of_span
+    from datacat.formats.tar import member_spans, sample_of_span
 
     path = make_tar(tmp_path / "x.tar", sample_members(["a"]))
     with open(path, "rb") as f:

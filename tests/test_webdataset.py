@@ -9,7 +9,8 @@ from helpers import make_tar, read_all, sample_members
 
 import datacat
 from datacat.errors import RecordError, ShardError
-from datacat.formats.webdataset import TarStream, decode_member, group_by_key, split_key, tar_members
+from datacat.formats.tar import decode_member, group_by_key, split_key, tar_members
+from datacat.formats.webdataset import TarStream
 from datacat.loading.sources import SampleSource
 
 

@@ -20,7 +20,7 @@ from datacat.formats.tar import decode_member
 from datacat.shards import beside
 from datacat.storage import open_url
 
-__all__ = ["ShardTables", "decoded_fields", "owned", "table_url"]
+__all__ = ["ShardTables", "decoded_fields", "owned", "read_table", "table_url"]
 
 _TABLES_KEPT = 64
 """Shard tables a process keeps: a shuffled epoch draws from every shard, so a miss reads one table again."""
@@ -121,29 +121,40 @@ class ShardTables:
         return rows
 
     def _read(self, url: str) -> _Table:
-        import pyarrow.parquet as pq  # imported where a table is read: the catalog side needs none
-
-        with open_url(url, self.storage_options) as stream:
-            try:
-                names = pq.read_schema(stream).names
-                stream.seek(0)
-                columns = [c for c in self.columns if c in names]
-                read = ["key", *columns, *(["status"] if "status" in names else [])]
-                table = pq.read_table(stream, columns=list(dict.fromkeys(read)))
-            except (OSError, ValueError, KeyError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-                raise ValueError(f"{url} is not a readable parquet table with a 'key' column: {exc}") from None
+        names, table = read_table(url, ["key", *self.columns], self.storage_options)
+        if "key" not in names:
+            raise ValueError(f"{url} has no 'key' column (its columns: {', '.join(names)}), which the join needs")
         data = table.to_pydict()
-        keep: Sequence[int] = range(table.num_rows)
-        if "status" in data:  # failed downloads have rows but no sample
-            keep = [i for i in keep if data["status"][i] == "success"]
-        return tuple(names), {
-            str(data["key"][i]): {_ORDINAL: ordinal, **{c: data[c][i] for c in columns}}
-            for ordinal, i in enumerate(keep)
+        columns = [c for c in self.columns if c in names]
+        return names, {
+            str(key): {_ORDINAL: ordinal, **{c: data[c][ordinal] for c in columns}}
+            for ordinal, key in enumerate(data["key"])
         }
 
 
+def read_table(url: str, columns: Sequence[str], storage_options: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
+    """A shard table's column names, and its successful rows, in order, of those of ``columns`` it has.
+
+    Rows whose ``status`` is not ``success`` (img2dataset's failed downloads,
+    which have no sample) are left out. Raises ValueError naming ``url``
+    when it is not a readable parquet table.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq  # imported where a table is read: the catalog side needs none
+
+    with open_url(url, storage_options) as stream:
+        try:
+            names = tuple(pq.read_schema(stream).names)
+            stream.seek(0)
+            read = [c for c in [*columns, "status"] if c in names]
+            table = pq.read_table(stream, columns=list(dict.fromkeys(read)))
+        except (OSError, ValueError, KeyError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"{url} is not a readable parquet table: {exc}") from None
+    if "status" in names:
+        table = table.filter(pc.equal(table["status"], "success"))
+    return names, table
+
+
 _ORDINAL = "\0ordinal"  # a row's place among the table's successful rows (no column can be named so)
-
-
 _Table = tuple[tuple[str, ...], dict[str, dict[str, Any]]]
 """A shard table's column names, and its successful rows' wanted columns by key."""

@@ -18,15 +18,15 @@ import concurrent.futures
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from datacat.cache import cache_dir
 from datacat.errors import ShardError
+from datacat.formats.metadata import read_table, table_url
 from datacat.schema import Condition
-from datacat.shards import beside
-from datacat.storage import is_remote, open_url
+from datacat.storage import is_remote
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,16 +35,29 @@ if TYPE_CHECKING:
 
 __all__ = ["Selection", "build_selection", "selected_count", "stored_sizes"]
 
+T = TypeVar("T")
+
+
+def _cached(plan: Plan, decides: dict[str, Any], stem: str = "") -> Path:
+    """The cache file (no suffix) of what the plan's shards and ``decides`` alone decide (not the seed, nor the batch)."""
+    key = {"shards": [(shard.name, shard.url) for shard in plan.shards], **decides}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / "selections" / f"{stem}{digest}"
+
 
 def _paths(plan: Plan) -> tuple[Path, Path]:
-    """The cache's files of a plan's selection, named by what decides it: the shards and the bounds (not the seed)."""
-    decides = {
-        "shards": [(shard.name, shard.url) for shard in plan.shards],
-        "select": {column: condition.bounds() for column, condition in sorted(plan.select.items())},
-    }
-    digest = hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:24]
-    folder = cache_dir() / "selections"
-    return folder / f"{digest}.npy", folder / f"{digest}.json"
+    """The cache's files of a plan's selection: its positions and its count."""
+    bounds = {column: condition.bounds() for column, condition in sorted(plan.select.items())}
+    stem = _cached(plan, {"select": bounds})
+    return stem.with_suffix(".npy"), stem.with_suffix(".json")
+
+
+def _save(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` to a temporary name beside ``path``, then renamed to it: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def selected_count(plan: Plan) -> int | None:
@@ -98,44 +111,29 @@ def build_selection(plan: Plan, counts: Sequence[int]) -> Selection:
         return Selection(array_path, count)
     import numpy as np
 
-    urls = [beside(shard.url, ".parquet") for shard in plan.shards]
-    threads = min(16, len(urls)) if urls and is_remote(urls[0]) else 1
-    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        masks = list(pool.map(lambda args: _shard_mask(plan, *args), zip(urls, counts, strict=True)))
+    masks = _per_shard(plan, counts, lambda url, samples: _shard_mask(plan, url, samples))
     offsets = np.cumsum([0, *counts[:-1]], dtype=np.int64) if counts else np.zeros(0, np.int64)
     positions = np.concatenate([np.flatnonzero(m) + o for m, o in zip(masks, offsets, strict=True)] or [np.zeros(0)])
     positions = positions.astype(np.int64)
-    array_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = array_path.with_name(f".tmp-{os.getpid()}-{array_path.name}")
-    np.save(tmp, positions)
-    os.replace(tmp, array_path)
-    tmp_count = count_path.with_name(f".tmp-{os.getpid()}-{count_path.name}")
-    tmp_count.write_text(json.dumps({"name": plan.name, "selected": len(positions), "of": int(sum(counts))}))
-    os.replace(tmp_count, count_path)
+    _save(array_path, lambda tmp: np.save(tmp, positions))
+    facts = json.dumps({"name": plan.name, "selected": len(positions), "of": int(sum(counts))})
+    _save(count_path, lambda tmp: tmp.write_text(facts))
     return Selection(array_path, len(positions))
 
 
 def _success_rows(plan: Plan, url: str, samples: int, columns: Sequence[str], what: str) -> Any:
     """The ``columns`` of one shard table's successful rows, in order, checked against its tar's ``samples``."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    with open_url(url, plan.storage_options) as stream:
-        try:
-            names = pq.read_schema(stream).names
-            absent = [c for c in columns if c not in names]
-            if absent:
-                raise ShardError(
-                    f"{plan.name}: {what} {', '.join(map(repr, absent))}, which {url} has no column of "
-                    f"(its columns: {', '.join(names)})",
-                    url=url,
-                )
-            stream.seek(0)
-            table = pq.read_table(stream, columns=[*columns, *(["status"] if "status" in names else [])])
-        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            raise ShardError(f"{plan.name}: {url} is not a readable parquet table: {exc}", url=url) from None
-    if "status" in table.column_names:
-        table = table.filter(pc.equal(table["status"], "success"))
+    try:
+        names, table = read_table(url, columns, plan.storage_options)
+    except ValueError as exc:
+        raise ShardError(f"{plan.name}: {exc}", url=url) from None
+    absent = [c for c in columns if c not in names]
+    if absent:
+        raise ShardError(
+            f"{plan.name}: {what} {', '.join(map(repr, absent))}, which {url} has no column of "
+            f"(its columns: {', '.join(names)})",
+            url=url,
+        )
     if table.num_rows != samples:
         raise ShardError(
             f"{plan.name}: {url} has {table.num_rows} successful rows but its tar holds {samples} samples; "
@@ -143,6 +141,14 @@ def _success_rows(plan: Plan, url: str, samples: int, columns: Sequence[str], wh
             url=url,
         )
     return table
+
+
+def _per_shard(plan: Plan, counts: Sequence[int], read: Callable[[str, int], T]) -> list[T]:
+    """``read(table_url, samples)`` of every shard, in order: 16 at a time from a bucket, one by one from a disk."""
+    urls = [table_url(shard.url) for shard in plan.shards]
+    threads = min(16, len(urls)) if urls and is_remote(urls[0]) else 1
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        return list(pool.map(read, urls, counts))
 
 
 def _shard_mask(plan: Plan, url: str, samples: int) -> np.ndarray:
@@ -171,30 +177,21 @@ def stored_sizes(plan: Plan, counts: Sequence[int]) -> np.ndarray:
     """
     import numpy as np
 
-    decides = {"shards": [(shard.name, shard.url) for shard in plan.shards], "sizes": ["height", "width"]}
-    digest = hashlib.sha256(json.dumps(decides, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / "selections" / f"sizes-{digest}.npy"
+    path = _cached(plan, {"sizes": ["height", "width"]}, "sizes-").with_suffix(".npy")
     if path.is_file():
         cached: np.ndarray = np.load(path)
         return cached
 
-    def shard_sizes(args: tuple[str, int]) -> np.ndarray:
-        url, samples = args
+    def shard_sizes(url: str, samples: int) -> np.ndarray:
         table = _success_rows(plan, url, samples, ["height", "width"], "buckets need the image sizes")
         sizes = np.stack([table[c].to_numpy(zero_copy_only=False) for c in ("height", "width")], axis=1)
         if samples and (np.isnan(sizes.astype(np.float64)).any() or (sizes <= 0).any()):
             raise ShardError(f"{plan.name}: {url} has a successful row without a positive width and height", url=url)
         return sizes.astype(np.int32).reshape(samples, 2)
 
-    urls = [beside(shard.url, ".parquet") for shard in plan.shards]
-    threads = min(16, len(urls)) if urls and is_remote(urls[0]) else 1
-    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        parts = list(pool.map(shard_sizes, zip(urls, counts, strict=True)))
+    parts = _per_shard(plan, counts, shard_sizes)
     sizes = np.concatenate(parts) if parts else np.zeros((0, 2), np.int32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    np.save(tmp, sizes)
-    os.replace(tmp, path)
+    _save(path, lambda tmp: np.save(tmp, sizes))
     return sizes
 
 

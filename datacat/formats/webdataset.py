@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,27 +33,14 @@ if TYPE_CHECKING:
 
     from datacat.plan import Plan
 from datacat.formats.tar import (
-    check_archive_end,
     decode_member,
     group_by_key,
     member_spans,
     sample_of_span,
-    split_key,
     tar_members,
 )
 
-__all__ = [
-    "FORMAT",
-    "TarStream",
-    "WebDatasetReader",
-    "check_archive_end",
-    "decode_member",
-    "group_by_key",
-    "member_spans",
-    "sample_of_span",
-    "split_key",
-    "tar_members",
-]
+__all__ = ["FORMAT", "TarStream", "WebDatasetReader", "open_tars", "parse_sample"]
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +109,7 @@ class TarStream:
     def __repr__(self) -> str:
         return f"TarStream({self.name!r}, shards={len(self.urls)})"
 
-    def iter_shard(self, shard: int) -> Iterator[RawItem]:
+    def iter_shard(self, shard: int) -> Generator[RawItem, None, None]:
         """The raw samples of shard ``shard``, in the order of the tar."""
         url = self.urls[shard]
         with open_url(url, self.storage_options, block_size=self.block_size) as stream:
@@ -277,7 +265,8 @@ def _check_fields(plan: Plan, reader: WebDatasetReader | TarStream) -> None:
         if isinstance(first, Exception):
             raise first
     else:
-        first = next(reader.iter_shard(shard))
+        with contextlib.closing(reader.iter_shard(shard)) as items:  # closes the shard's stream once read from
+            first = next(items)
     members = {ext.removesuffix(".gz") for ext in first.payload}
     absent = [name for name in plan.record.fields if name not in members]
     if not absent:

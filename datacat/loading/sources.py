@@ -78,14 +78,16 @@ class SampleSource:
         self.shard_cache = None if options is None or not reads_remote(plan) else options.shard_cache
         self._serve()
         self.reader: Reader = open_reader(plan)
-        self.chosen: Selection | None = None  # the records that meet the entry's select; None: every record
-        if plan.select:
-            if not self.reader.random_access:
-                raise OptionError(
-                    f"{plan.name}: select needs records read by position, and a gzip-compressed tar is read front "
-                    "to back; decompress its shards or drop select"
-                )
-            self.chosen = build_selection(plan, self.reader.counts)
+        positional = [
+            what for what, asked in (("select", plan.select), ("loading.buckets", plan.loading.buckets)) if asked
+        ]
+        if positional and not self.reader.random_access:
+            raise OptionError(
+                f"{plan.name}: {' and '.join(positional)} need records read by position, and a gzip-compressed tar "
+                f"is read front to back; decompress its shards or drop {' and '.join(positional)}"
+            )
+        # The records that meet the entry's select (None: every record), and their aspect-ratio buckets.
+        self.chosen: Selection | None = build_selection(plan, self.reader.counts) if plan.select else None
         self.bucketing = self._bucketing() if plan.loading.buckets is not None else None
         self.transform = transform_for(plan, tokenize=None if options is None else options.tokenize)
         self.ledger = ledger_for(plan, options)
@@ -97,11 +99,6 @@ class SampleSource:
         """Each selected record's aspect-ratio bucket, from its stored image's size in the metadata table."""
         buckets = self.plan.loading.buckets
         assert buckets is not None
-        if not self.reader.random_access:
-            raise OptionError(
-                f"{self.plan.name}: aspect-ratio buckets need records read by position, and a gzip-compressed tar "
-                "is read front to back; decompress its shards or drop loading.buckets"
-            )
         stored = stored_sizes(self.plan, self.reader.counts)
         picked = np.arange(self.selection().start, self.selection().stop)
         canonical = picked if self.chosen is None else self.chosen.positions[picked]
