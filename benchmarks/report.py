@@ -22,6 +22,7 @@ README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- results: made by benchmarks/report.py -->", "<!-- /results -->"
 BENCHMARKS = {  # name -> what it measures, in the README's order
     "loader_speed": "Images per second at 256 px against this machine's decode limit",
+    "referee": "The shared referee (../shared/bench), its latest run",
     "referee_before_after": "The referee's datacat loaders before and after a change",
     "memory_scale": "Memory against dataset size",
     "memory_speed": "Decoded pixels and embedding rows against memcpy",
