@@ -22,6 +22,7 @@ A mixture is not a format: it is a composite of other entries' sources
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -165,7 +166,7 @@ class BatchFill(Protocol):
     pixels of the loader's image size, embedding rows, in local files);
     picklable, as a reader is. ``arrays`` gives each key it fills: the shape
     of one record's array and its dtype. ``fill(positions, out)`` writes the
-    records at canonical ``positions`` into row ``i`` of each ``out[key]``
+    records at canonical ``positions`` (int64) into row ``i`` of each ``out[key]``
     and returns their other fields (:class:`Filled`); it never raises for a
     record, only for a shard that cannot be read.
     """
@@ -173,7 +174,13 @@ class BatchFill(Protocol):
     @property
     def arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]]: ...
 
-    def fill(self, positions: Sequence[int], out: Mapping[str, np.ndarray]) -> Filled: ...
+    @property
+    def threads(self) -> int:
+        """Threads of one process that fill batches side by side: 1 where a fill holds the GIL (two would wait on
+        each other), 2 for a gather that lets it go (the loader then starts no worker processes)."""
+        ...
+
+    def fill(self, positions: np.ndarray, out: Mapping[str, np.ndarray]) -> Filled: ...
 
 
 def _any_name(shard: str) -> bool:
@@ -283,7 +290,10 @@ def register_format(name: str, declaration: Format) -> None:
     _LOADED.pop(name, None)
 
 
+@functools.cache
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    # Installed packages' formats, read once a process: scanning every distribution's metadata took ~12 ms
+    # an entry, a catalog's check asks for each.
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINTS) if ep.name not in FORMATS}
 
 

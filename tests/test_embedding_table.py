@@ -98,7 +98,7 @@ def test_a_batch_holds_both_embeddings_and_captions_and_a_zero_row_is_ledgered(t
         for batch in loader:
             assert "image" not in batch
             image, text = np.asarray(batch["image_embedding"]), np.asarray(batch["text_embedding"])
-            assert image.shape[1:] == (DIM,) and image.dtype == np.float32
+            assert image.shape[1:] == (DIM,) and image.dtype == np.float16  # as the table stores it
             for key, caption, im, tx in zip(batch["key"], batch["caption"], image, text, strict=True):
                 row = _row(key)
                 assert caption == f"row {row}" and (im == row + 1).all() and (tx == -(row + 1)).all()

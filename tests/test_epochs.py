@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from datacat.errors import OptionError
@@ -30,11 +31,14 @@ def test_feistel_take_gives_what_indexing_gives_block_by_block(n: int) -> None:
     batches += [[rng.randrange(n) for _ in range(50)], list(range(n - min(n, 70), n))[::-1]]
     for indices in batches:
         assert perm.take(indices) == [perm[i] for i in indices]
+        assert perm.take_array(np.asarray(indices, dtype=np.int64)).tolist() == [perm[i] for i in indices]
     copy = pickle.loads(pickle.dumps(perm))  # a worker's copy, its last block included
     assert copy.take(batches[0]) == [perm[i] for i in batches[0]]
     for outside in ([n], [-1], [0, n + 5]):
         with pytest.raises(IndexError):
             perm.take(outside)
+        with pytest.raises(IndexError):
+            perm.take_array(np.asarray(outside, dtype=np.int64))
 
 
 @pytest.mark.parametrize("steps", [False, True])

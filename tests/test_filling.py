@@ -154,11 +154,12 @@ def test_embedding_rows_equal_the_record_paths(table: Path, workers: int, monkey
     options = {"batch_size": 16, "seed": 2, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
     expected, _ = _epochs(table, "emb", fill=False, **options)
     asked = _count_items(monkeypatch, EmbeddingTableReader)
-    got, _ = _epochs(table, "emb", fill=True, **options)
+    got, loader = _epochs(table, "emb", fill=True, **options)
+    assert loader.num_workers == 0  # a gather: two threads of this process fill it, no worker copies it again
     if workers == 0:
         assert sorted(set(asked)) == [24]  # only the all-zero row (row 34 of the split less 10 held) is read alone
     _same(got, expected)
     keys = [k for batch in got for k in batch["key"]]
     assert len(keys) == 2 * 79 and "0001:4" not in keys  # 90 rows, 10 held for validation, 1 all zeros
-    assert got[0]["image_embedding"].dtype == np.float32
+    assert got[0]["image_embedding"].dtype == np.float16  # the table's own dtype
     assert not any(k.startswith("0000:") and 10 <= int(k.split(":")[1]) < 20 for k in keys)

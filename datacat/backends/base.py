@@ -21,6 +21,7 @@ from typing import Any, Self
 from datacat.errors import DatacatError, PlanMismatch
 from datacat.loading.contracts import Batch
 from datacat.loading.epochs import Schedule
+from datacat.loading.filling import fills_in_process
 from datacat.loading.mixture import open_source
 from datacat.loading.options import LoadOptions
 from datacat.loading.runs import Epochs
@@ -77,10 +78,18 @@ class BaseLoader:
         self.batch_size = options.batch_size
         self.epochs = options.epochs
         self.shuffle = options.shuffle
-        self.num_workers = options.num_workers
         self.rank, self.world_size = options.place
         self._retries_before = retry_count()
         self.source = open_source(plan, options)
+        self.num_workers = options.num_workers
+        if self.num_workers and fills_in_process(self.source):
+            log.info(
+                "%s: its batches are gathered by two threads of this process; %d worker processes would only "
+                "copy them once more, so none are started",
+                plan.name,
+                self.num_workers,
+            )
+            self.num_workers = 0
         self.drop_remainder = options.drop_remainder
         self.epochs_of = Epochs(self.source, options, name=plan.name, seed=plan.seed)
         self.schedule: Schedule = self._schedule(0)

@@ -108,7 +108,7 @@ class BatchView:
             return
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
             # A local read takes microseconds, but filling a batch is the whole of its work: threads fill side by side.
-            threads = self.read_ahead if self.view.source.remote else 1
+            threads = self.read_ahead if self.view.source.remote else self.fill.threads if self.fill else 1
             self._pool, self._pid, self._pending = _read_pool(threads), os.getpid(), {}
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)

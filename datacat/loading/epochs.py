@@ -30,9 +30,12 @@ import bisect
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datacat.errors import OptionError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Schedule", "cumulative", "locate", "plan_schedule", "round_robin_consumed", "stepped_schedule"]
 
@@ -101,6 +104,19 @@ class Schedule:
             start = self.batch_starts[batch] - offsets[batch]
             return [start + i for i in indices]
         return [self.at(i) for i in indices]
+
+    def at_array(self, indices: Sequence[int]) -> np.ndarray:
+        """:meth:`at_all` as an int64 array; a range inside one batch (a batch's own) made without a Python loop."""
+        import numpy as np
+
+        offsets: tuple[int, ...] = self._offsets  # type: ignore[attr-defined]
+        if isinstance(indices, range) and indices.step == 1 and len(indices):
+            batch = bisect.bisect_right(offsets, indices.start) - 1
+            if indices.start >= 0 and indices.stop <= offsets[batch + 1]:
+                assert self.batch_starts is not None
+                start = self.batch_starts[batch] - offsets[batch]
+                return np.arange(start + indices.start, start + indices.stop, dtype=np.int64)
+        return np.asarray(self.at_all(indices), dtype=np.int64)
 
     def bucket_at(self, position: int) -> int:
         """The bucket of sequence position ``position`` of a bucketed epoch."""

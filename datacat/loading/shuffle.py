@@ -82,6 +82,21 @@ class Feistel:
             out.append(cached[1][offset])
         return out
 
+    def take_array(self, indices: np.ndarray) -> np.ndarray:
+        """``self[i]`` for every ``i`` of an int64 array, computed in numpy (a batch's positions for the batch path)."""
+        import numpy as np
+
+        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.n):
+            raise IndexError(int(indices.min()) if int(indices.min()) < 0 else int(indices.max()))
+        values = self._permute_all(indices.astype(np.uint64))
+        outside = np.flatnonzero(values >= self.n)
+        while len(outside) > 8:  # cycle walking, as __getitem__ does
+            values[outside] = self._permute_all(values[outside])
+            outside = outside[values[outside] >= self.n]
+        for i in outside.tolist():  # the last few one at a time: a numpy pass costs as much as a few in Python
+            values[i] = self._walk(int(values[i]))
+        return values.astype(np.int64)
+
     def _permute_block(self, block: int) -> list[int]:
         import numpy as np  # the catalog layer needs no numpy: imported where an epoch is read
 

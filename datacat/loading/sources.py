@@ -281,14 +281,19 @@ class EpochView:
         """``[self.position(i) for i in indices]``; a random-access batch's shuffle computed at once."""
         if not self.source.random_access or not indices:
             return [self.position(i) for i in indices]
+        out: list[int] = self.positions_array(indices).tolist()
+        return out
+
+    def positions_array(self, indices: Sequence[int]) -> np.ndarray:
+        """:meth:`positions` of a random-access slice as an int64 array, no Python int made per record."""
+        if not indices:
+            return np.zeros(0, np.int64)
         if min(indices) < 0 or max(indices) >= len(self):
             raise IndexError(min(indices) if min(indices) < 0 else max(indices))
-        first, sequence = self.first, self.schedule.at_all(indices)
-        if self.permutation is None:
-            picked = [first + j for j in sequence]
-        else:
-            picked = [first + p for p in self.permutation.take(sequence)]
-        return picked if self.source.chosen is None else self.source.chosen.take(picked)
+        sequence = self.schedule.at_array(indices)
+        picked = sequence if self.permutation is None else self.permutation.take_array(sequence)
+        picked = picked + self.first
+        return picked if self.source.chosen is None else np.asarray(self.source.chosen.positions[picked], np.int64)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return finish(self.fetch([index]))[0]
@@ -371,5 +376,9 @@ class _Order:
         return int(self.order[index])
 
     def take(self, indices: Sequence[int]) -> list[int]:
-        out: list[int] = self.order[np.asarray(indices, dtype=np.int64)].tolist()
+        out: list[int] = self.take_array(np.asarray(indices, dtype=np.int64)).tolist()
         return out
+
+    def take_array(self, indices: np.ndarray) -> np.ndarray:
+        taken: np.ndarray = self.order[indices]
+        return taken
