@@ -1,6 +1,6 @@
 """Decoded pixels and embedding rows against one core's memcpy of the same bytes, and the first batch after open.
 
-    python benchmarks/memory_speed.py [--images 1000] [--rows 200000] [--rounds 3] [--workers 2]
+    python benchmarks/memory_speed.py [--images 1000] [--rows 200000] [--rounds 3] [--workers 2] [--run 64]
 
 Pixels: the benchmarks' photo corpus (corpus.py) converted as a user would,
 ``datacat convert --layout pre_resized`` (256x256x3 uint8, one record a
@@ -15,9 +15,11 @@ page cache: the first epoch warms it):
     array_record      pixels: array_record's own reader, ``read(indices)`` of shuffled
                       batches, each record's image entry stacked with numpy (one process)
     numpy memmap      embeddings: ``np.memmap`` of each table, shuffled batches gathered
-                      by fancy indexing and cast to float32 (one process)
+                      by fancy indexing, a gather per shard, float16 as stored (one process);
+                      and with runs of ``--run`` rows shuffled together, a slice copy a run
     datacat           torch and jax (grain), with ``--workers`` worker processes and with
-                      none; batches of 64 images or 1024 rows; shuffled
+                      none; batches of 64 images or 1024 rows; shuffled record by record,
+                      and with ``shuffle_run=--run`` (neighbours moved together)
 
 Steady rate: samples a second from the end of a loader's first epoch to the
 end of its fourth (start-up and the first epoch's page faults excluded).
@@ -143,8 +145,11 @@ def run_array_record(catalog: Path, batch: int) -> dict[str, float]:
     return {"rate": n / (time.perf_counter() - start)}
 
 
-def run_memmap(catalog: Path, batch: int) -> dict[str, float]:
-    """numpy over the tables: each batch's rows gathered from the memory maps and cast to float32."""
+def run_memmap(catalog: Path, batch: int, run: int = 1) -> dict[str, float]:
+    """numpy over the tables: each batch's rows gathered from the memory maps (float16, as stored).
+
+    With ``run`` > 1 the shuffle moves runs of ``run`` neighbouring rows and each run is one slice copy.
+    """
     import datacat
 
     plan = datacat.resolve("emb", catalog=datacat.load_catalog(catalog))
@@ -157,13 +162,25 @@ def run_memmap(catalog: Path, batch: int) -> dict[str, float]:
     total = per * len(plan.shards)
 
     def epoch(seed: int) -> int:
+        if run > 1:
+            starts = np.random.default_rng(seed).permutation(total // run) * run
+            done = 0
+            for first in range(0, len(starts), batch // run):
+                chosen = starts[first : first + batch // run]
+                for tables in maps:
+                    out = np.empty((len(chosen) * run, DIM), np.float16)
+                    for k, begin in enumerate(chosen.tolist()):
+                        s, row = divmod(begin, per)
+                        out[k * run : (k + 1) * run] = tables[s][row : row + run]
+                done += len(chosen) * run
+            return done
         order = np.random.default_rng(seed).permutation(total)
         done = 0
         for start in range(0, total, batch):
             chosen = order[start : start + batch]
             shard, row = chosen // per, chosen % per
             for tables in maps:
-                out = np.empty((len(chosen), DIM), np.float32)
+                out = np.empty((len(chosen), DIM), np.float16)
                 for s in np.unique(shard):
                     picked = shard == s
                     out[picked] = tables[s][row[picked]]
@@ -176,7 +193,7 @@ def run_memmap(catalog: Path, batch: int) -> dict[str, float]:
     return {"rate": n / (time.perf_counter() - start)}
 
 
-def run_datacat(catalog: Path, name: str, framework: str, workers: int, batch: int) -> dict[str, float]:
+def run_datacat(catalog: Path, name: str, framework: str, workers: int, batch: int, run: int) -> dict[str, float]:
     """datacat's loader: the first batch after open, and the steady rate from the end of epoch 1 to epoch 4."""
     import datacat
 
@@ -188,7 +205,7 @@ def run_datacat(catalog: Path, name: str, framework: str, workers: int, batch: i
     opened = time.perf_counter()
     loader = datacat.open(
         name, catalog=datacat.load_catalog(catalog), framework=framework, batch_size=batch, num_workers=workers,
-        epochs=EPOCHS, drop_remainder=True,
+        epochs=EPOCHS, drop_remainder=True, shuffle_run=run,
     )  # fmt: skip
     batches = iter(loader)
     next(batches)
@@ -214,8 +231,10 @@ def child(spec: dict[str, Any]) -> dict[str, float]:
     if kind == "array_record":
         return run_array_record(Path(spec["catalog"]), spec["batch"])
     if kind == "memmap":
-        return run_memmap(Path(spec["catalog"]), spec["batch"])
-    return run_datacat(Path(spec["catalog"]), spec["name"], spec["framework"], spec["workers"], spec["batch"])
+        return run_memmap(Path(spec["catalog"]), spec["batch"], spec.get("run", 1))
+    return run_datacat(
+        Path(spec["catalog"]), spec["name"], spec["framework"], spec["workers"], spec["batch"], spec["run"]
+    )
 
 
 def _in_child(spec: dict[str, Any]) -> dict[str, float]:
@@ -235,6 +254,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--run", type=int, default=64, help="shuffle_run of the run-order contenders")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "datacat-memory-speed")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,52 +266,57 @@ def main() -> None:
     pixel_bytes, row_bytes = SIZE * SIZE * 3, 2 * DIM * 2  # an image; a row's image and text embeddings
     sets = {
         "pixels": (px, "px", 64, {"kind": "memcpy", "nbytes": args.images * pixel_bytes, "item_bytes": pixel_bytes},
-                   {"kind": "array_record", "catalog": str(px), "batch": 64}, "array_record read(batch)"),
+                   {"plain": ({"kind": "array_record", "catalog": str(px), "batch": 64}, "array_record read(batch)")}),
         "embeddings": (emb, "emb", 1024, {"kind": "memcpy", "nbytes": args.rows * row_bytes, "item_bytes": row_bytes},
-                       {"kind": "memmap", "catalog": str(emb), "batch": 1024}, "numpy memmap gather"),
+                       {"plain": ({"kind": "memmap", "catalog": str(emb), "batch": 1024}, "numpy memmap gather"),
+                        f"plain run={args.run}": ({"kind": "memmap", "catalog": str(emb), "batch": 1024, "run": args.run},
+                                                  f"numpy memmap, runs of {args.run}")}),
     }  # fmt: skip
-    loaders = [("torch", args.workers), ("torch", 0), ("jax", args.workers), ("jax", 0)]
+    loaders = [("torch", args.workers, 1), ("torch", 0, 1), ("jax", args.workers, 1), ("jax", 0, 1),
+               ("torch", 0, args.run), ("jax", 0, args.run)]  # fmt: skip
+
+    def contenders(set_name: str) -> dict[str, tuple[dict[str, Any], str]]:
+        """label -> (the child's spec, the table's name), memcpy excepted."""
+        catalog, name, batch, _, plain = sets[set_name]
+        out = dict(plain)
+        for fw, w, run in loaders:
+            label = f"datacat {fw} w={w}" + (f" run={run}" if run > 1 else "")
+            shown = f"datacat {fw}, {w} workers" + (f", shuffle_run={run}" if run > 1 else "")
+            out[label] = ({"catalog": str(catalog), "name": name, "framework": fw, "workers": w, "batch": batch,
+                           "run": run, "kind": "datacat"}, shown)  # fmt: skip
+        return out
+
     figures: dict[str, list[float]] = {}
     for round_ in range(args.rounds):
-        for set_name, (catalog, name, batch, memcpy, plain, _) in sets.items():
-            specs = {"memcpy": memcpy, "plain": plain} | {
-                f"datacat {fw} w={w}": {"catalog": str(catalog), "name": name, "framework": fw, "workers": w,
-                                        "batch": batch, "kind": "datacat"}
-                for fw, w in loaders
-            }  # fmt: skip
+        for set_name, (_, _, _, memcpy, _) in sets.items():
+            specs = {"memcpy": memcpy} | {label: spec for label, (spec, _) in contenders(set_name).items()}
             for label, spec in specs.items():
                 result = _in_child(spec)
                 for figure, value in result.items():
                     figures.setdefault(f"{set_name}/{label}/{figure}", []).append(value)
             print(f"round {round_ + 1}/{args.rounds} {set_name} done", file=sys.stderr)
     out: dict[str, JSON] = {key: spread(values) for key, values in figures.items()}
-    for set_name in sets:  # each contender over memcpy, round by round
-        base = figures[f"{set_name}/memcpy/rate"]
-        for label in ["plain"] + [f"datacat {fw} w={w}" for fw, w in loaders]:
-            rates = figures[f"{set_name}/{label}/rate"]
-            out[f"{set_name}/{label}/of_memcpy"] = spread([r / b for r, b in zip(rates, base, strict=True)])
     tables = {}
-    for set_name, (_, _, batch, _, _, plain_label) in sets.items():
+    for set_name, (_, _, batch, _, _) in sets.items():  # each contender over memcpy, round by round
+        base = figures[f"{set_name}/memcpy/rate"]
         unit = "img/s" if set_name == "pixels" else "rows/s"
         rows = [["contender", f"steady {unit}", "of memcpy", "first batch s"]]
-        rows.append(["memcpy (one core)", median_spread(figures[f"{set_name}/memcpy/rate"]), "1", ""])
-        for label, shown in [("plain", plain_label)] + [
-            (f"datacat {fw} w={w}", f"datacat {fw}, {w} workers") for fw, w in loaders
-        ]:
+        rows.append(["memcpy (one core)", median_spread(base), "1", ""])
+        for label, (_, shown) in contenders(set_name).items():
+            rates = figures[f"{set_name}/{label}/rate"]
+            ratios = [r / b for r, b in zip(rates, base, strict=True)]
+            out[f"{set_name}/{label}/of_memcpy"] = spread(ratios)
             first = figures.get(f"{set_name}/{label}/first_batch_s")
-            rows.append([
-                shown,
-                median_spread(figures[f"{set_name}/{label}/rate"]),
-                median_spread([r / b for r, b in zip(figures[f"{set_name}/{label}/rate"], figures[f"{set_name}/memcpy/rate"], strict=True)], 2),
-                median_spread(first, 2) if first else "",
-            ])  # fmt: skip
+            rows.append(
+                [shown, median_spread(rates), median_spread(ratios, 2), median_spread(first, 2) if first else ""]
+            )
         tables[f"{set_name.capitalize()} (batches of {batch})"] = rows
     write_results(
         "memory_speed",
         out,
         rounds=args.rounds,
         method={"images": args.images, "rows": args.rows, "workers": args.workers, "image_size": SIZE, "dim": DIM,
-                "epochs": EPOCHS, "pixel_batch": 64, "row_batch": 1024},
+                "epochs": EPOCHS, "pixel_batch": 64, "row_batch": 1024, "run": args.run},
         tables=tables,
     )  # fmt: skip
 

@@ -9,7 +9,7 @@ import pytest
 
 from datacat.errors import OptionError
 from datacat.loading.epochs import plan_schedule, round_robin_consumed
-from datacat.loading.shuffle import Feistel, shard_order
+from datacat.loading.shuffle import Feistel, RunShuffle, shard_order
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 55, 64, 1000, 4097])
@@ -39,6 +39,26 @@ def test_feistel_take_gives_what_indexing_gives_block_by_block(n: int) -> None:
             perm.take(outside)
         with pytest.raises(IndexError):
             perm.take_array(np.asarray(outside, dtype=np.int64))
+
+
+@pytest.mark.parametrize(("n", "run"), [(1, 4), (3, 4), (64, 8), (1000, 64), (1001, 64), (4097, 7)])
+def test_run_shuffle_is_a_permutation_of_runs_that_moves_each_epoch(n: int, run: int) -> None:
+    perm = RunShuffle(n, 11, run)
+    order = [perm[i] for i in range(n)]
+    assert sorted(order) == list(range(n))
+    assert perm.take_array(np.arange(n, dtype=np.int64)).tolist() == order == perm.take(range(n))
+    picked = np.asarray([n - 1, 0, n // 2, n // 2], dtype=np.int64)
+    assert perm.take_array(picked).tolist() == [order[i] for i in picked]
+    # Within a run the records are neighbours (modulo n, where the turn wraps a run round).
+    breaks = sum((b - a) % n != 1 for a, b in itertools.pairwise(order))
+    assert breaks <= n // run + 2
+    if n > 100:
+        assert order != [RunShuffle(n, 12, run)[i] for i in range(n)]
+        assert perm.turn != RunShuffle(n, 12, run).turn  # the runs' boundaries, and the tail, move too
+    with pytest.raises(IndexError):
+        perm.take_array(np.asarray([n], dtype=np.int64))
+    with pytest.raises(IndexError):
+        perm[-1]
 
 
 @pytest.mark.parametrize("steps", [False, True])

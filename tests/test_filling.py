@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 from pathlib import Path
 from typing import Any
@@ -147,11 +148,14 @@ def table(tmp_path: Path) -> Path:
     return catalog
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
-def test_embedding_rows_equal_the_record_paths(table: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("workers", "run"), [(0, 1), (0, 8), pytest.param(2, 1, marks=pytest.mark.slow)])
+def test_embedding_rows_equal_the_record_paths(
+    table: Path, workers: int, run: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from datacat.formats.embedding_table import EmbeddingTableReader
 
     options = {"batch_size": 16, "seed": 2, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
+    options["shuffle_run"] = run
     expected, _ = _epochs(table, "emb", fill=False, **options)
     asked = _count_items(monkeypatch, EmbeddingTableReader)
     got, loader = _epochs(table, "emb", fill=True, **options)
@@ -163,3 +167,10 @@ def test_embedding_rows_equal_the_record_paths(table: Path, workers: int, monkey
     assert len(keys) == 2 * 79 and "0001:4" not in keys  # 90 rows, 10 held for validation, 1 all zeros
     assert got[0]["image_embedding"].dtype == np.float16  # the table's own dtype
     assert not any(k.startswith("0000:") and 10 <= int(k.split(":")[1]) < 20 for k in keys)
+    for epoch in (got[: len(got) // 2], got[len(got) // 2 :]):  # each row once an epoch, in either order
+        assert len({k for batch in epoch for k in batch["key"]}) == 79
+    if run > 1:  # neighbours moved together: a batch of 16 is two stretches of 8, give or take a boundary
+        for batch in got:
+            rows = [(k.split(":")[0], int(k.split(":")[1])) for k in batch["key"]]
+            stretches = 1 + sum(b != (a[0], a[1] + 1) for a, b in itertools.pairwise(rows))
+            assert stretches <= 5, batch["key"]

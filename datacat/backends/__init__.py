@@ -62,6 +62,7 @@ def open_loader(
     seed: int | None = None,
     epochs: int | None = 1,
     shuffle: bool = True,
+    shuffle_run: int = 1,
     num_workers: int = 0,
     drop_remainder: bool = False,
     rank: int | None = None,
@@ -95,6 +96,9 @@ def open_loader(
         split: ``"train"`` (default), ``"validation"`` (a named split, or the holdout), or another split of the entry.
         seed: Decides every shuffle and augmentation (default 0; with a Plan, its own seed).
         epochs: Passes over the data; None for endless.
+        shuffle: Shuffle the records each epoch (stream formats: the shards' order).
+        shuffle_run: Neighbouring records the shuffle moves together (1: each on its own; e.g. 64 reads an
+            embedding table or pre-resized shards in contiguous stretches, near memory speed).
         num_workers: Worker processes decoding in parallel (0: in this process).
         drop_remainder: Only full batches; the tail that fills no batch on every rank is dropped.
         rank: This process's place; default from torch.distributed / RANK (torch) or jax's process index (jax).
@@ -133,6 +137,7 @@ def open_loader(
         batch_size=batch_size,
         epochs=epochs,
         shuffle=shuffle,
+        shuffle_run=shuffle_run,
         num_workers=num_workers,
         drop_remainder=drop_remainder,
         rank=rank,

@@ -77,7 +77,7 @@ class BaseLoader:
         self.options = options
         self.batch_size = options.batch_size
         self.epochs = options.epochs
-        self.shuffle = options.shuffle
+        self.shuffle, self.shuffle_run = options.shuffle, options.shuffle_run
         self.rank, self.world_size = options.place
         self._retries_before = retry_count()
         self.source = open_source(plan, options)
@@ -264,6 +264,7 @@ class BaseLoader:
             "batch_size": self.batch_size,
             "drop_remainder": self.drop_remainder,
             "shuffle": self.shuffle,
+            "shuffle_run": self.shuffle_run,
             "num_workers": self.num_workers,
             "records": self.schedule.records,
             # The global sequence position all ranks have reached: a run on another world size resumes here.

@@ -107,7 +107,7 @@ class Source(Protocol):
         """Records in one epoch, all ranks together."""
         ...
 
-    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> Records:
+    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: int) -> Records:
         """One rank's records of one epoch, by index."""
         ...
 

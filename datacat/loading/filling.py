@@ -108,7 +108,9 @@ def finish_filled(view: EpochView, filled_batch: FilledBatch) -> tuple[dict[str,
             if caption is None and slot not in redone:
                 (redone[slot],) = view.finish(view.fetch([indices[slot]]), into=buffers["image"][slot : slot + 1])
     marks = [redone[slot] for slot in sorted(redone) if is_marker(redone[slot])]
-    good = [slot for slot in range(n) if slot not in redone or not is_marker(redone[slot])]
+    dropped = {slot for slot, output in redone.items() if is_marker(output)}
+    good: Sequence[int] = [slot for slot in range(n) if slot not in dropped] if dropped else range(n)
+    kept_redone = redone.keys() - dropped
 
     def column(key: str) -> list[Any]:
         if not redone:
@@ -119,7 +121,7 @@ def finish_filled(view: EpochView, filled_batch: FilledBatch) -> tuple[dict[str,
     augment = transform.augment if isinstance(transform, ImageTransform) else None
     seed = transform.seed if isinstance(transform, ImageTransform) else 0
     for key, buffer in buffers.items():
-        for slot in redone.keys() & set(good):  # a redone record's array made elsewhere (an embedding row)
+        for slot in kept_redone:  # a redone record's array made elsewhere (an embedding row)
             array = redone[slot][key]
             if not np.may_share_memory(array, buffer[slot]):
                 buffer[slot] = array
@@ -128,8 +130,8 @@ def finish_filled(view: EpochView, filled_batch: FilledBatch) -> tuple[dict[str,
                 if slot not in redone:  # the record path augmented its own
                     rng = record_rng(seed, int(positions[slot]), view.epoch)
                     buffer[slot] = augment_image(augment, buffer[slot], rng)
-        if len(good) < n:  # rows after a bad record move up
-            buffer[: len(good)] = buffer[good]
+        if dropped:  # rows after a bad record move up
+            buffer[: len(good)] = buffer[list(good)]
         batch[key] = buffer[: len(good)]
     if captions is not None and not image_only:
         batch["caption"] = column("caption")

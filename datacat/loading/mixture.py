@@ -189,7 +189,7 @@ class MixtureSource:
     def __len__(self) -> int:
         return sum(self.sizes)
 
-    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> MixtureView:
+    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: int) -> MixtureView:
         """One rank's records of one epoch, by index."""
         return MixtureView(self, schedule, seed=seed, epoch=epoch, shuffle=shuffle)
 
@@ -202,7 +202,7 @@ def _draws(sizes: tuple[int, ...], weights: tuple[float, ...], exhaustion: str, 
 class MixtureView:
     """One rank's records of one epoch of a mixture, by index; the same contract as ``EpochView``."""
 
-    def __init__(self, source: MixtureSource, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> None:
+    def __init__(self, source: MixtureSource, schedule: Schedule, *, seed: int, epoch: int, shuffle: int) -> None:
         self.source = source
         self.schedule = schedule
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle

@@ -42,6 +42,10 @@ class LoadOptions:
     batch_size: int
     epochs: int | None = 1
     shuffle: bool = True
+    shuffle_run: int = 1
+    """Neighbouring records the shuffle moves together (random-access formats, unbucketed): 1, each on its own;
+    e.g. 64, a batch is a few contiguous stretches of each shard, read at near memory speed
+    (:class:`~datacat.loading.shuffle.RunShuffle`)."""
     num_workers: int = 0
     drop_remainder: bool = False
     rank: int | None = None
@@ -54,6 +58,8 @@ class LoadOptions:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.shuffle_run < 1:
+            raise OptionError(f"shuffle_run is a count of neighbouring records, at least 1, not {self.shuffle_run}")
         if self.num_workers < 0:
             raise OptionError(f"num_workers must be 0 or more, not {self.num_workers}")
         if self.epochs is not None and self.epochs < 1:
@@ -72,6 +78,11 @@ class LoadOptions:
             rank=rank if self.rank is None else self.rank,
             world_size=world_size if self.world_size is None else self.world_size,
         )
+
+    @property
+    def order(self) -> int:
+        """The epoch's order as the views take it: 0 in the stored order, else the shuffle's run (1: each record)."""
+        return self.shuffle_run if self.shuffle else 0
 
     @property
     def place(self) -> tuple[int, int]:

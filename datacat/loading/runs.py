@@ -31,7 +31,7 @@ class Epochs:
 
     def __init__(self, source: Source, options: LoadOptions, *, name: str, seed: int) -> None:
         self.source = source  # a SampleSource or MixtureSource
-        self.name, self.seed, self.shuffle = name, seed, options.shuffle
+        self.name, self.seed, self.shuffle = name, seed, options.order
         self.rank, self.world_size = options.place
         self.batch_size, self.drop_remainder = options.batch_size, options.drop_remainder
         self.origin = os.getpid()  # the loader's process: workers report their retries to it
@@ -49,7 +49,7 @@ class Epochs:
             return self.source.bucketing.schedule(
                 self.seed,
                 epoch,
-                shuffle=self.shuffle,
+                shuffle=bool(self.shuffle),
                 rank=self.rank,
                 world_size=self.world_size,
                 batch_size=self.batch_size,

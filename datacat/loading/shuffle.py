@@ -1,6 +1,6 @@
-"""The shuffles of an epoch: a keyed Feistel bijection of record positions, and the order of stream shards.
+"""The shuffles of an epoch: a keyed Feistel bijection of record positions, its runs of neighbours, and the order of stream shards.
 
-Both are computed from the seed and the epoch alone (no index array however
+All are computed from the seed and the epoch alone (no index array however
 large the dataset), so every process of every rank draws the same order.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Feistel", "epoch_key", "shard_order"]
+__all__ = ["Feistel", "RunShuffle", "epoch_key", "shard_order"]
 
 
 def epoch_key(seed: int, epoch: int, salt: str = "") -> int:
@@ -145,6 +145,57 @@ class Feistel:
 
     def __len__(self) -> int:
         return self.n
+
+
+class RunShuffle:
+    """A bijection of ``range(n)`` that moves runs of ``run`` neighbouring records together (FFCV's quasi-random order).
+
+    The sequence is the records cut into runs of ``run``, the runs in a
+    Feistel order, then turned by an offset drawn from the key (so the runs'
+    boundaries, and the ``n % run`` records read last, differ each epoch).
+    A batch is then a few contiguous stretches of its table: an embedding
+    row is copied with its neighbours instead of alone. Neighbours share
+    batches, so this is for records whose stored order is already mixed.
+    """
+
+    def __init__(self, n: int, key: int, run: int) -> None:
+        if run < 1:
+            raise ValueError(f"a shuffle's run is at least 1 record, not {run}")
+        self.n, self.run = n, run
+        self.runs = n // run
+        self.runs_order = Feistel(max(self.runs, 1), key)
+        self.turn = epoch_key(key, 0, "turn") % max(n, 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        block, offset = divmod(index, self.run)
+        record = self.runs_order[block] * self.run + offset if block < self.runs else index
+        return (record + self.turn) % self.n
+
+    def take(self, indices: Sequence[int]) -> list[int]:
+        import numpy as np
+
+        out: list[int] = self.take_array(np.asarray(indices, dtype=np.int64)).tolist()
+        return out
+
+    def take_array(self, indices: np.ndarray) -> np.ndarray:
+        """``self[i]`` for every ``i`` of an int64 array: one Feistel evaluation a run, not a record."""
+        import numpy as np
+
+        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.n):
+            raise IndexError(int(indices.min()) if int(indices.min()) < 0 else int(indices.max()))
+        blocks, offsets = np.divmod(indices, self.run)
+        inside = blocks < self.runs
+        firsts, which = np.unique(blocks[inside], return_inverse=True)
+        records = indices.copy()
+        records[inside] = self.runs_order.take_array(firsts)[which] * self.run + offsets[inside]
+        records += self.turn
+        records %= self.n
+        return records
 
 
 def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:

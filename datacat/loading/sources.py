@@ -25,7 +25,7 @@ from datacat.formats.selection import Selection, build_selection, stored_sizes
 from datacat.loading.buckets import Bucketing, nearest_buckets
 from datacat.loading.epochs import Schedule, cumulative, locate
 from datacat.loading.options import LoadOptions
-from datacat.loading.shuffle import Feistel, epoch_key, shard_order
+from datacat.loading.shuffle import Feistel, RunShuffle, epoch_key, shard_order
 from datacat.plan import Plan
 from datacat.registry import format_of
 from datacat.storage import is_remote
@@ -133,8 +133,8 @@ class SampleSource:
         """Records in one epoch: the selection, whatever the seed and epoch."""
         return len(self)
 
-    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> EpochView:
-        """One rank's records of one epoch, by index."""
+    def view(self, schedule: Schedule, *, seed: int, epoch: int, shuffle: int) -> EpochView:
+        """One rank's records of one epoch, by index; ``shuffle``: 0 (False) in order, else its run (True: 1)."""
         return EpochView(self, schedule, seed=seed, epoch=epoch, shuffle=shuffle)
 
     def total(self) -> int:
@@ -199,21 +199,23 @@ class EpochView:
     the open shard instead of reopening it.
     """
 
-    def __init__(self, source: SampleSource, schedule: Schedule, *, seed: int, epoch: int, shuffle: bool) -> None:
+    def __init__(self, source: SampleSource, schedule: Schedule, *, seed: int, epoch: int, shuffle: int) -> None:
         self.source = source
         self.schedule = schedule
         self.epoch = epoch
         selection = source.selection()
         self.first = selection.start
         if source.random_access:
-            self.permutation: Feistel | _Order | None = None
+            self.permutation: Feistel | RunShuffle | _Order | None = None
             if schedule.order is not None:  # a bucketed epoch's own sequence
                 self.permutation = _Order(schedule.order)
+            elif shuffle > 1:
+                self.permutation = RunShuffle(len(selection), epoch_key(seed, epoch), shuffle)
             elif shuffle:
                 self.permutation = Feistel(len(selection), epoch_key(seed, epoch))
         else:
             offsets = self.offsets = source.shard_offsets()
-            order = shard_order(len(source.plan.shards), seed, epoch, shuffle)
+            order = shard_order(len(source.plan.shards), seed, epoch, bool(shuffle))
             # Each shard contributes its selected records, [begin, end) within the shard.
             spans = []
             for shard in order:
@@ -288,8 +290,13 @@ class EpochView:
         """:meth:`positions` of a random-access slice as an int64 array, no Python int made per record."""
         if not indices:
             return np.zeros(0, np.int64)
-        if min(indices) < 0 or max(indices) >= len(self):
-            raise IndexError(min(indices) if min(indices) < 0 else max(indices))
+        low, high = (
+            (indices[0], indices[-1])
+            if isinstance(indices, range) and indices.step > 0
+            else (min(indices), max(indices))
+        )
+        if low < 0 or high >= len(self):
+            raise IndexError(low if low < 0 else high)
         sequence = self.schedule.at_array(indices)
         picked = sequence if self.permutation is None else self.permutation.take_array(sequence)
         picked = picked + self.first

@@ -10,8 +10,11 @@ __all__ = ["MATCHED", "STATE_VERSION", "differences"]
 
 STATE_VERSION = 2
 """2: random access formats are read in global steps (a rank's batch b is not where version 1 put it)."""
-MATCHED = ("fingerprint", "rank", "world_size", "batch_size", "drop_remainder", "shuffle")
+MATCHED = ("fingerprint", "rank", "world_size", "batch_size", "drop_remainder", "shuffle", "shuffle_run")
 """Keys of a saved state that must equal the loader's own: the Plan and the world layout."""
+
+_BEFORE = {"shuffle_run": 1}
+"""What a state saved before a key was kept meant by its absence."""
 
 
 def differences(saved: dict[str, Any], mine: dict[str, Any], *, records: int, stream: bool) -> list[str]:
@@ -26,7 +29,9 @@ def differences(saved: dict[str, Any], mine: dict[str, Any], *, records: int, st
             "(version 1 read each rank's records as one slice, version 2 in global steps): start the epoch again"
         )
     found = [
-        f"{key}: saved {saved.get(key)!r}, this loader {mine[key]!r}" for key in MATCHED if saved.get(key) != mine[key]
+        f"{key}: saved {saved.get(key, _BEFORE.get(key))!r}, this loader {mine[key]!r}"
+        for key in MATCHED
+        if saved.get(key, _BEFORE.get(key)) != mine[key]
     ]
     if saved.get("records", records) != records:
         found.append(f"records in epoch {saved['epoch']}: saved {saved['records']}, this loader {records}")
