@@ -162,16 +162,17 @@ def run_memmap(catalog: Path, batch: int, run: int = 1) -> dict[str, float]:
     total = per * len(plan.shards)
 
     def epoch(seed: int) -> int:
-        if run > 1:
-            starts = np.random.default_rng(seed).permutation(total // run) * run
+        if run > 1:  # each shard's whole runs, shuffled
+            runs = per // run
+            starts = np.random.default_rng(seed).permutation(runs * len(plan.shards))
             done = 0
             for first in range(0, len(starts), batch // run):
                 chosen = starts[first : first + batch // run]
                 for tables in maps:
                     out = np.empty((len(chosen) * run, DIM), np.float16)
                     for k, begin in enumerate(chosen.tolist()):
-                        s, row = divmod(begin, per)
-                        out[k * run : (k + 1) * run] = tables[s][row : row + run]
+                        s, row = divmod(begin, runs)
+                        out[k * run : (k + 1) * run] = tables[s][row * run : (row + 1) * run]
                 done += len(chosen) * run
             return done
         order = np.random.default_rng(seed).permutation(total)

@@ -105,8 +105,19 @@ def test_pre_resized_batches_equal_the_record_paths_and_only_the_odd_records_tak
     keys = [k for batch in got for k in batch["key"]]
     assert len(keys) == 2 * 49 and "k0009" not in keys and len(set(keys)) == 49
     assert [s.key for s in loader.ledger.skipped] == ["0000.array_record:9"] * 2  # its key entry is past the cut
-    if workers == 0:  # counted in this process: the odd size, the short one and the compressed shard's ten
-        assert sorted(set(asked)) == [5, 9, *range(40, 50)]
+    assert loader.num_workers == 0  # flips only: two threads of this process fill it, no worker copies it again
+    # Counted in this process: the odd size, the short one and the compressed shard's ten.
+    assert sorted(set(asked)) == [5, 9, *range(40, 50)]
+
+
+def test_workers_are_kept_where_colour_jitter_follows_the_copy(pre_resized: Path) -> None:
+    catalog = datacat.load_catalog(pre_resized)
+    for augmentation, workers in (("flip_jitter", 2), ("flip_only", 0), ("none", 0)):
+        loader = datacat.open(
+            "px", catalog=catalog, framework="torch", batch_size=8, num_workers=2, augmentation=augmentation
+        )
+        assert loader.num_workers == workers, augmentation
+        loader.close()
 
 
 def test_a_batch_held_by_the_loop_is_never_written_over(pre_resized: Path) -> None:
@@ -174,3 +185,35 @@ def test_embedding_rows_equal_the_record_paths(
             rows = [(k.split(":")[0], int(k.split(":")[1])) for k in batch["key"]]
             stretches = 1 + sum(b != (a[0], a[1] + 1) for a, b in itertools.pairwise(rows))
             assert stretches <= 5, batch["key"]
+
+
+def test_runs_of_neighbours_resume_exactly_on_any_world_and_refuse_another_run(table: Path) -> None:
+    import json
+
+    catalog = datacat.load_catalog(table)
+
+    def opened(**options: Any) -> Any:
+        options = {"batch_size": 8, "epochs": 2, **options}
+        return datacat.open(
+            "emb", catalog=catalog, framework="torch", seed=3, on_bad_sample="skip", bad_sample_budget=0.5, **options
+        )
+
+    whole = [list(batch["key"]) for batch in opened(shuffle_run=8)]
+    stopped = opened(shuffle_run=8)
+    batches = iter(stopped)
+    before = [list(next(batches)["key"]) for _ in range(4)]
+    state = json.loads(json.dumps(stopped.state_dict()))
+    assert before == whole[:4] and state["shuffle_run"] == 8
+    resumed = opened(shuffle_run=8)
+    resumed.load_state_dict(state)
+    assert before + [list(batch["key"]) for batch in resumed] == whole  # exactly on, across the epoch boundary
+    # On two ranks of batch 4 (elastic): the rest of the first epoch, each row once, in the global order.
+    ranks = [opened(shuffle_run=8, batch_size=4, rank=r, world_size=2, epochs=1) for r in range(2)]
+    for rank in ranks:
+        rank.load_state_dict(state)
+    rest = [[list(batch["key"]) for batch in rank] for rank in ranks]
+    steps = [k for pair in zip(*rest, strict=True) for batch in pair for k in batch]
+    first_epoch = [k for batch in whole[: len(whole) // 2] for k in batch]
+    assert steps == first_epoch[sum(map(len, before)) :]
+    with pytest.raises(datacat.errors.PlanMismatch, match="shuffle_run"):
+        opened(shuffle_run=1).load_state_dict(state)

@@ -54,13 +54,16 @@ def source_fill(source: Any) -> BatchFill | None:
 
 
 def fills_in_process(source: Any) -> bool:
-    """Whether a source's batches are a gather that releases the GIL: threads of the loader's own process fill them.
+    """Whether a source's batches are copies that release the GIL: threads of the loader's own process fill them.
 
     Worker processes would only copy such a batch once more to hand it
-    over (embedding rows: 2 workers ran at 0.6x of none).
+    over (embedding rows: 2 workers ran at 0.6x of none). Colour jitter is
+    per-image float work after the copy: there workers pay.
     """
     fill = source_fill(source)
-    return fill is not None and fill.threads > 1
+    transform = source.transform if fill is not None else None
+    jitter = isinstance(transform, ImageTransform) and transform.augment is not None and transform.augment.jitter
+    return fill is not None and fill.threads > 1 and not jitter
 
 
 def fill_batch(
