@@ -147,7 +147,7 @@ Reader = RandomAccessReader | StreamReader
 class Filled:
     """What :meth:`BatchFill.fill` read besides the arrays it wrote: each record's other fields, and what it left.
 
-    ``fields`` holds one list per key (``key``, and ``caption`` or ``label``
+    ``fields`` holds one sequence per key (``key``, and ``caption`` or ``label``
     when the records have them), a value per record of the batch. ``left``
     maps a record's slot to why it was not filled: its error (a bad record,
     judged by the bad-sample policy as if it had been read one by one), or
@@ -155,7 +155,7 @@ class Filled:
     placeholders that are not used).
     """
 
-    fields: dict[str, list[Any]]
+    fields: dict[str, Sequence[Any]]
     left: dict[int, Exception | None] = dataclasses.field(default_factory=dict)
 
 

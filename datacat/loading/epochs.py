@@ -105,17 +105,24 @@ class Schedule:
             return [start + i for i in indices]
         return [self.at(i) for i in indices]
 
-    def at_array(self, indices: Sequence[int]) -> np.ndarray:
-        """:meth:`at_all` as an int64 array; a range inside one batch (a batch's own) made without a Python loop."""
-        import numpy as np
-
+    def at_range(self, indices: Sequence[int]) -> range | None:
+        """The sequence positions of ``indices`` as one range, when they are a range inside one batch (a batch's own)."""
         offsets: tuple[int, ...] = self._offsets  # type: ignore[attr-defined]
         if isinstance(indices, range) and indices.step == 1 and len(indices):
             batch = bisect.bisect_right(offsets, indices.start) - 1
             if indices.start >= 0 and indices.stop <= offsets[batch + 1]:
                 assert self.batch_starts is not None
                 start = self.batch_starts[batch] - offsets[batch]
-                return np.arange(start + indices.start, start + indices.stop, dtype=np.int64)
+                return range(start + indices.start, start + indices.stop)
+        return None
+
+    def at_array(self, indices: Sequence[int]) -> np.ndarray:
+        """:meth:`at_all` as an int64 array; a range inside one batch (a batch's own) made without a Python loop."""
+        import numpy as np
+
+        span = self.at_range(indices)
+        if span is not None:
+            return np.arange(span.start, span.stop, dtype=np.int64)
         return np.asarray(self.at_all(indices), dtype=np.int64)
 
     def bucket_at(self, position: int) -> int:

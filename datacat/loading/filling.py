@@ -115,7 +115,7 @@ def finish_filled(view: EpochView, filled_batch: FilledBatch) -> tuple[dict[str,
     good: Sequence[int] = [slot for slot in range(n) if slot not in dropped] if dropped else range(n)
     kept_redone = redone.keys() - dropped
 
-    def column(key: str) -> list[Any]:
+    def column(key: str) -> Sequence[Any]:
         if not redone:
             return fields[key]
         return [fields[key][slot] if slot not in redone else redone[slot].get(key) for slot in good]

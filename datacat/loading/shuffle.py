@@ -39,6 +39,7 @@ class Feistel:
         self.mask = (1 << self.half) - 1
         self.keys = [epoch_key(key, r, "feistel") for r in range(4)]
         self._cached: tuple[int | None, list[int]] = (None, [])  # take()'s last block of the permutation
+        self._spans: tuple[tuple[int, np.ndarray], ...] = ()  # take_range()'s last blocks, as arrays
         self._numpy: tuple[Any, ...] | None = None  # _permute_all's constants as numpy scalars
 
     def _round(self, value: int, key: int) -> int:
@@ -96,6 +97,41 @@ class Feistel:
         for i in outside.tolist():  # the last few one at a time: a numpy pass costs as much as a few in Python
             values[i] = self._walk(int(values[i]))
         return values.astype(np.int64)
+
+    SPAN = 1 << 14
+    """Indices of the aligned blocks take_range() computes at once and keeps (the last few, 128 KiB each)."""
+
+    def take_range(self, start: int, stop: int) -> np.ndarray:
+        """``self[i]`` for ``i`` in ``range(start, stop)`` (a batch's neighbouring indices) as an int64 array.
+
+        Each aligned block of ``SPAN`` indices is permuted at once and the
+        last four kept: a batch of 1,024 then costs a slice, where its own
+        pass of ~40 small numpy calls held the GIL for ~0.15 ms.
+        """
+        import numpy as np
+
+        if not 0 <= start <= stop <= self.n:
+            raise IndexError(start if start < 0 else stop - 1)
+        if start == stop:
+            return np.zeros(0, np.int64)
+        pieces = []
+        for block in range(start // self.SPAN, (stop - 1) // self.SPAN + 1):
+            begin = block * self.SPAN
+            pieces.append(self._span_block(block)[max(start - begin, 0) : stop - begin])
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _span_block(self, block: int) -> np.ndarray:
+        spans = self._spans  # one attribute, replaced whole: threads reading ahead share it safely
+        for held, values in spans:
+            if held == block:
+                return values
+        import numpy as np
+
+        indices = np.arange(block * self.SPAN, min((block + 1) * self.SPAN, self.n), dtype=np.int64)
+        values = self.take_array(indices)
+        values.flags.writeable = False  # slices of it are handed out
+        self._spans = ((block, values), *spans[:3])
+        return values
 
     def _permute_block(self, block: int) -> list[int]:
         import numpy as np  # the catalog layer needs no numpy: imported where an epoch is read

@@ -297,8 +297,12 @@ class EpochView:
         )
         if low < 0 or high >= len(self):
             raise IndexError(low if low < 0 else high)
-        sequence = self.schedule.at_array(indices)
-        picked = sequence if self.permutation is None else self.permutation.take_array(sequence)
+        span = self.schedule.at_range(indices)
+        if span is not None and isinstance(self.permutation, Feistel):  # a batch's own: from the cached blocks
+            picked = self.permutation.take_range(span.start, span.stop)
+        else:
+            sequence = self.schedule.at_array(indices)
+            picked = sequence if self.permutation is None else self.permutation.take_array(sequence)
         picked = picked + self.first
         return picked if self.source.chosen is None else np.asarray(self.source.chosen.positions[picked], np.int64)
 
