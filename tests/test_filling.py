@@ -217,3 +217,17 @@ def test_runs_of_neighbours_resume_exactly_on_any_world_and_refuse_another_run(t
     assert steps == first_epoch[sum(map(len, before)) :]
     with pytest.raises(datacat.errors.PlanMismatch, match="shuffle_run"):
         opened(shuffle_run=1).load_state_dict(state)
+
+
+def test_row_keys_read_as_the_list_of_keys_they_stand_for() -> None:
+    from datacat.formats.table_rows import RowKeys
+
+    keys = RowKeys(["0000", "0001"], np.asarray([0, 1, 1]), np.asarray([4, 0, 17]))
+    expected = ["0000:4", "0001:0", "0001:17"]
+    assert keys == expected and list(keys) == expected and len(keys) == 3
+    assert keys[1] == "0001:0" and keys[-1] == "0001:17" and keys[1:] == expected[1:]
+    assert keys != ["0000:4"] and keys != "0000:4" and keys != expected[::-1]
+    with pytest.raises(TypeError):
+        hash(keys)
+    with pytest.raises(IndexError):
+        keys[3]
