@@ -65,6 +65,8 @@ def test_run_shuffle_is_a_permutation_of_runs_that_moves_each_epoch(n: int, run:
     assert perm.take_array(np.arange(n, dtype=np.int64)).tolist() == order == perm.take(range(n))
     picked = np.asarray([n - 1, 0, n // 2, n // 2], dtype=np.int64)
     assert perm.take_array(picked).tolist() == [order[i] for i in picked]
+    for start, stop in ((0, n), (n // 3, n - n // 5), (max(n - 5, 0), n), (n // 2, n // 2)):  # the tail included
+        assert perm.take_range(start, stop).tolist() == order[start:stop]
     # Within a run the records are neighbours (modulo n, where the turn wraps a run round).
     breaks = sum((b - a) % n != 1 for a, b in itertools.pairwise(order))
     assert breaks <= n // run + 2
@@ -73,6 +75,8 @@ def test_run_shuffle_is_a_permutation_of_runs_that_moves_each_epoch(n: int, run:
         assert perm.turn != RunShuffle(n, 12, run).turn  # the runs' boundaries, and the tail, move too
     with pytest.raises(IndexError):
         perm.take_array(np.asarray([n], dtype=np.int64))
+    with pytest.raises(IndexError):
+        perm.take_range(0, n + 1)
     with pytest.raises(IndexError):
         perm[-1]
 

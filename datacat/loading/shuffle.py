@@ -233,6 +233,29 @@ class RunShuffle:
         records %= self.n
         return records
 
+    def take_range(self, start: int, stop: int) -> np.ndarray:
+        """``self[i]`` for ``i`` in ``range(start, stop)`` (a batch's neighbouring indices): its runs from :meth:`Feistel.take_range`.
+
+        A batch of 1,024 in runs of 64 took ~0.25 ms by :meth:`take_array`
+        (a sort to find its runs, a Feistel pass over them), as long as
+        copying its rows.
+        """
+        import numpy as np
+
+        if not 0 <= start <= stop <= self.n:
+            raise IndexError(start if start < 0 else stop - 1)
+        records = np.arange(start, stop, dtype=np.int64)
+        inside = max(0, min(stop, self.runs * self.run) - start)  # the records in whole runs lead
+        if inside:
+            first = start // self.run
+            head = records[:inside]
+            blocks = head // self.run
+            moved = self.runs_order.take_range(first, int(blocks[-1]) + 1)
+            head += (moved[blocks - first] - blocks) * self.run  # each run's records to where its run went
+        records += self.turn
+        records %= self.n
+        return records
+
 
 def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     """The order stream shards are read in one epoch."""

@@ -298,7 +298,7 @@ class EpochView:
         if low < 0 or high >= len(self):
             raise IndexError(low if low < 0 else high)
         span = self.schedule.at_range(indices)
-        if span is not None and isinstance(self.permutation, Feistel):  # a batch's own: from the cached blocks
+        if span is not None and isinstance(self.permutation, Feistel | RunShuffle):  # a batch's own: cached blocks
             picked = self.permutation.take_range(span.start, span.stop)
         else:
             sequence = self.schedule.at_array(indices)
