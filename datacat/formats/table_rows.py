@@ -162,10 +162,6 @@ class ArrowColumn(_ListLike):
     def __len__(self) -> int:
         return len(self._values)
 
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
     def __getitem__(self, index: int | slice) -> Any:
         return self._python()[index]
 
