@@ -10,6 +10,9 @@ collation run inside the workers. A stream format (gzip tars) gets one
 source per epoch, split into consecutive runs so each worker reads its
 shards front to back, and resumes through grain's ``get_state``/``set_state``.
 Grain workers exit when the process that started them dies.
+Without workers, batches a format fills straight into their buffers (pre-resized pixels,
+embedding rows) are read by the BatchView's own threads, with no grain in
+between.
 
 Batches are dicts of numpy arrays, or with ``device_put=True`` global
 ``jax.Array`` s laid out over the local devices (the VQGAN example's
@@ -39,6 +42,7 @@ from datacat.backends.base import BaseLoader, Outputs
 from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import OptionError
 from datacat.loading.collate import array_keys
+from datacat.loading.filling import source_fill
 from datacat.loading.options import JaxOptions, LoadOptions
 from datacat.loading.runs import EpochRun
 from datacat.plan import Plan
@@ -192,6 +196,11 @@ class JaxLoader(BaseLoader):
     def _batches(self, epoch: int, first: int) -> Outputs:
         if not self.source.random_access:
             return self._stream_epoch(epoch, first)
+        if self.num_workers == 0 and source_fill(self.source) is not None:
+            # Filled by the BatchView's own threads (pre-resized pixels, embedding rows), which already build
+            # the next two batches while one is taken: a grain reader thread on top only handed each over once
+            # more, holding the GIL the filling threads need.
+            return self._in_process(epoch, first)
         if self._iterator is None or self._next != (epoch, first):
             # First epoch, or the last one was left early: a new run from here.
             self.close()
