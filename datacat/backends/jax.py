@@ -32,8 +32,8 @@ import threading
 import weakref
 from typing import Any
 
-# This module is the jax backend; nothing else in datacat imports jax or grain.
-import grain
+# This module is the jax backend; nothing else in datacat imports jax or grain. grain is imported where a
+# run first needs it (~0.1 s): batches filled by the BatchView's own threads never do.
 import jax
 import numpy as np
 
@@ -201,6 +201,8 @@ class JaxLoader(BaseLoader):
             # the next two batches while one is taken: a grain reader thread on top only handed each over once
             # more, holding the GIL the filling threads need.
             return self._in_process(epoch, first)
+        import grain
+
         if self._iterator is None or self._next != (epoch, first):
             # First epoch, or the last one was left early: a new run from here.
             self.close()
@@ -254,6 +256,8 @@ class JaxLoader(BaseLoader):
             yield output
 
     def _stream_epoch(self, epoch: int, first: int) -> Outputs:
+        import grain
+
         batches = self.epochs_of.batches(epoch)
         iterator = None
         try:
@@ -279,6 +283,8 @@ class JaxLoader(BaseLoader):
             batches.close()
 
     def _prefetched(self, source: Any, *, sequential: bool) -> Any:
+        import grain
+
         # One reader thread per process: a batch is already a unit of work, and more
         # threads would only contend for the two cores with the worker processes.
         # grain's reader builds up to prefetch_buffer_size (default 500) elements ahead,
