@@ -33,8 +33,8 @@ def tests(session: nox.Session) -> None:
     # Either torch build passes; say which one this run has (README: the CPU build comes from PyTorch's index).
     session.run("python", "-c", "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)")
     session.run("mypy")
-    # Two pytest processes: most slow tests wait on worker processes starting or an emulator answering
-    # (the suite: 8.2 min in one process, 5.3 min in two, on 2 cores). `nox -s tests -- -n 0` runs one.
+    # Two pytest processes: most slow tests wait on worker processes starting or an emulator answering,
+    # so two share the cores well. `nox -s tests -- -n 0` runs one.
     session.run("pytest", "-n", "2", "--dist", "worksteal", *session.posargs)
 
 

@@ -42,7 +42,7 @@ from datacat.backends.base import BaseLoader, Outputs
 from datacat.backends.malloc import keep_freed_memory
 from datacat.errors import OptionError
 from datacat.loading.collate import array_keys
-from datacat.loading.filling import source_fill
+from datacat.loading.filling import fills_in_process
 from datacat.loading.options import JaxOptions, LoadOptions
 from datacat.loading.runs import EpochRun
 from datacat.plan import Plan
@@ -196,10 +196,11 @@ class JaxLoader(BaseLoader):
     def _batches(self, epoch: int, first: int) -> Outputs:
         if not self.source.random_access:
             return self._stream_epoch(epoch, first)
-        if self.num_workers == 0 and source_fill(self.source) is not None:
+        if self.num_workers == 0 and fills_in_process(self.source):
             # Filled by the BatchView's own threads (pre-resized pixels, embedding rows), which already build
             # the next two batches while one is taken: a grain reader thread on top only handed each over once
-            # more, holding the GIL the filling threads need.
+            # more, holding the GIL the filling threads need. (Colour jitter, per-image work after the fill,
+            # keeps grain's thread, which overlaps it with the training step.)
             return self._in_process(epoch, first)
         import grain
 
