@@ -12,7 +12,7 @@ import pytest
 
 import datacat
 from datacat.formats.array_record import ArrayRecordReader
-from datacat.formats.packed import pack_record
+from datacat.formats.packed import pack_record, unpack_record
 
 SIZE = 16
 
@@ -132,6 +132,49 @@ def test_a_batch_held_by_the_loop_is_never_written_over(pre_resized: Path) -> No
     for batch, copy, want in zip(held, copies, expected, strict=True):
         assert np.array_equal(batch["image"].numpy(), copy.numpy())
         assert np.array_equal(batch["image"].numpy(), want["image"])
+
+
+@pytest.mark.parametrize("size", [SIZE, 160])  # pixels of 768 bytes, long captions; 76,800 bytes across blocks
+def test_records_across_block_boundaries_are_read_whole(tmp_path: Path, size: int) -> None:
+    """Riegeli puts a header every 64 KiB: wherever it falls in a record (heads, pixels, caption), the fill reads it right."""
+    from datacat.formats import ar_pixels
+
+    rng = np.random.default_rng(size)
+    records = [
+        pack_record({"image": _pixels(i, size).tobytes(), "shape": struct.pack("<ii", size, size),
+                     "caption": "c" * int(rng.integers(1, 3000 if size == SIZE else 400)), "key": f"k{i:04d}"})
+        for i in range(600 if size == SIZE else 60)
+    ]  # fmt: skip
+    _write(tmp_path / "0000.array_record", records)
+    (tmp_path / "c.yaml").write_text(
+        "px:\n  description: d\n  format: array_record\n  location: {root: ., shards: 0000.array_record}\n"
+        f"  record: {{layout: pre_resized, key: key}}\n  loading: {{image_size: {size}, val_batches: 0}}\n"
+    )
+    loader = datacat.open("px", catalog=datacat.load_catalog(tmp_path / "c.yaml"), framework="torch", batch_size=8)
+    fill = loader.source.fill
+    assert isinstance(fill, ar_pixels.PreResizedFill)
+    alone: list[int] = []
+    read = ar_pixels._Shard.read
+
+    def counted(shard: Any, position: int, row: memoryview, head: bytes) -> bytes | None:
+        alone.append(position)
+        return read(shard, position, row, head)
+
+    ar_pixels._Shard.read = counted  # type: ignore[method-assign]
+    try:
+        order = rng.permutation(len(records))
+        out = {"image": np.zeros((len(records), size, size, 3), np.uint8)}
+        filled = fill.fill(order, out)
+    finally:
+        ar_pixels._Shard.read = read  # type: ignore[method-assign]
+    loader.close()
+    assert filled.left == {}
+    for slot, i in enumerate(order.tolist()):
+        assert np.array_equal(out["image"][slot], _pixels(i, size)), i
+        assert filled.fields["key"][slot] == f"k{i:04d}"
+        assert filled.fields["caption"][slot] == unpack_record(records[i])["caption"].decode()
+    # Only the records whose heads or other entries cross a block boundary are read one by one; there are some.
+    assert 0 < len(alone) < len(records) // 2
 
 
 @pytest.fixture
