@@ -69,6 +69,13 @@ def _epochs(catalog: Path, name: str, *, fill: bool, **options: Any) -> tuple[li
     return batches, loader
 
 
+def _plain(value: Any) -> Any:
+    """A batch's array as a numpy copy (torch tensors and jax arrays alike); other values as they are."""
+    if hasattr(value, "numpy") and callable(value.numpy):
+        return value.numpy().copy()
+    return np.asarray(value).copy() if hasattr(value, "shape") else value
+
+
 def _count_items(monkeypatch: pytest.MonkeyPatch, reader: type) -> list[int]:
     """The positions ``reader.items`` is asked for from now on (the record path), in this process."""
     asked: list[int] = []
@@ -175,6 +182,47 @@ def test_records_across_block_boundaries_are_read_whole(tmp_path: Path, size: in
         assert filled.fields["caption"][slot] == unpack_record(records[i])["caption"].decode()
     # Only the records whose heads or other entries cross a block boundary are read one by one; there are some.
     assert 0 < len(alone) < len(records) // 2
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_the_next_epoch_is_read_while_the_last_batches_of_one_are_taken(
+    pre_resized: Path, framework: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from datacat.loading.batches import BatchView
+
+    options = {
+        "batch_size": 4,
+        "epochs": 3,
+        "seed": 1,
+        "num_workers": 0,
+        "on_bad_sample": "skip",
+        "bad_sample_budget": 0.5,
+    }
+    expected, _ = _epochs(pre_resized, "px", fill=False, **options)
+    fetched: list[tuple[int, int, str]] = []
+    fetch = BatchView._fetch
+
+    def recorded(self: BatchView, batch: int) -> Any:
+        fetched.append((self.view.epoch, batch, threading.current_thread().name))
+        return fetch(self, batch)
+
+    monkeypatch.setattr(BatchView, "_fetch", recorded)
+    loader = datacat.open("px", catalog=datacat.load_catalog(pre_resized), framework=framework, **options)
+    batches = [{k: _plain(v) for k, v in batch.items()} for batch in loader]
+    _same(batches, expected)
+    # Every batch read once, each by a read thread: the first of epochs 1 and 2 too (only epoch 0's first is asked cold).
+    assert sorted((e, b) for e, b, _ in fetched) == sorted({(e, b) for e, b, _ in fetched})
+    assert [(e, b) for e, b, thread in fetched if not thread.startswith("datacat-read")] == [(0, 0)]
+
+    # Left just before an epoch's end (the next one's first batches already being read), then continued.
+    loader = datacat.open("px", catalog=datacat.load_catalog(pre_resized), framework=framework, **options)
+    per_epoch = len(loader)
+    taken = [{k: _plain(v) for k, v in batch.items()} for batch in itertools.islice(loader, per_epoch - 1)]
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    _same(taken + [{k: _plain(v) for k, v in batch.items()} for batch in loader], expected)
 
 
 @pytest.fixture

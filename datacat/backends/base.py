@@ -236,13 +236,28 @@ class BaseLoader:
             batches.close()
 
     def _in_process(self, epoch: int, first: int) -> Generator[dict[str, Any], None, None]:
-        """The batches of ``epoch`` from ``first`` on, built in this process (no workers)."""
+        """The batches of ``epoch`` from ``first`` on, built in this process (no workers).
+
+        As the last batches are taken, the next epoch's first are already
+        being read (:meth:`~datacat.loading.runs.Epochs.prepare`), so the read
+        threads never wait at an epoch's edge.
+        """
         batches = self.epochs_of.batches(epoch)
+        batches.plan_reads(range(first, len(batches)))
+        following = self.num_workers == 0 and self.source.random_access
+        following = following and (self.epochs is None or epoch + 1 < self.epochs)
+        done = False
         try:
             for index in range(first, len(batches)):
+                if following and index + batches.read_ahead >= len(batches):
+                    self.epochs_of.prepare(epoch + 1)
+                    following = False
+                done = index + 1 == len(batches)
                 yield batches[index]
         finally:
             batches.close()  # its read-ahead thread
+            if not done:  # left before the last batch: the next epoch is not coming
+                self.epochs_of.close()
 
     def _finish(self, batch: dict[str, Any]) -> Batch:
         return batch

@@ -105,17 +105,26 @@ class _BatchStream(IterableDataset):  # type: ignore[type-arg]
             run = EpochRun(self.epochs, epoch, start, None if last < 0 else last)
             run.stride(worker, workers)
             indices = range(worker, len(run), workers)
-        arrays = array_keys(self.epochs.source.plan) + field_keys(self.epochs.source.plan)  # fields: when numbers
+        arrays = _tensor_keys(self.epochs.source.plan)
         try:
             for index in indices:
-                output = batch_memory.hand_over(run[index])  # images in a slot: only its name is sent
-                batch = output["batch"]
-                for key in arrays:
-                    if isinstance(batch.get(key), np.ndarray):
-                        batch[key] = torch.from_numpy(batch[key])  # DataLoader moves it to shared memory to send it
-                yield output
+                # images in a slot: only its name is sent; DataLoader moves the other tensors to shared memory
+                yield _as_tensors(batch_memory.hand_over(run[index]), arrays)
         finally:
             run.close()  # its read-ahead thread
+
+
+def _tensor_keys(plan: Plan) -> tuple[str, ...]:
+    return array_keys(plan) + field_keys(plan)  # fields: when numbers
+
+
+def _as_tensors(output: dict[str, Any], arrays: tuple[str, ...]) -> dict[str, Any]:
+    """A BatchView output with its arrays as tensors over the same memory."""
+    batch = output["batch"]
+    for key in arrays:
+        if isinstance(batch.get(key), np.ndarray):
+            batch[key] = torch.from_numpy(batch[key])
+    return output
 
 
 _STARTED = False  # whether this worker process has started its first run
@@ -230,7 +239,7 @@ class TorchLoader(BaseLoader):
     def _batches(self, epoch: int, first: int) -> Outputs:
         sequential = not self.source.random_access
         if self.num_workers == 0:
-            return iter(_BatchStream(self.epochs_of, [epoch, first, epoch + 1, 0], sequential))
+            return self._tensors(self._in_process(epoch, first))
         if self._workers is None:
             self._workers = self._start_workers(sequential)
             # A loader dropped unclosed stops its workers, then unlinks their batch memory, in that order.
@@ -242,6 +251,15 @@ class TorchLoader(BaseLoader):
             self._run = self._start_run(epoch, first, -1 if self.epochs is None else self.epochs)
         self._next = (epoch, first) if first < self.schedule.batches else (epoch + 1, 0)
         return self._from_run(self._run, epoch, first)
+
+    def _tensors(self, outputs: Outputs) -> Outputs:
+        """Outputs built in this process, their arrays as tensors (as a worker sends them)."""
+        arrays = _tensor_keys(self.plan)
+        try:
+            for output in outputs:
+                yield _as_tensors(output, arrays)
+        finally:
+            outputs.close()
 
     def _start_run(self, epoch: int, first: int, last: int) -> Iterator[dict[str, Any]]:
         self._runs += 1

@@ -103,13 +103,26 @@ class BatchView:
         """Tells the view which batches this process will ask for (ascending), so it reads ahead exactly those."""
         self._upcoming = batches
 
-    def _read_ahead(self, batch: int) -> None:
-        if not self.read_ahead:
+    def start(self) -> None:
+        """Starts reading the first batches this process will ask for, before it asks for any."""
+        if not self.read_ahead or self._upcoming is None:
             return
+        pool = self._threads()
+        for ahead in self._upcoming[: self.read_ahead]:
+            if ahead not in self._pending:
+                self._pending[ahead] = pool.submit(self._fetch, ahead)
+
+    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
             # A local read takes microseconds, but filling a batch is the whole of its work: threads fill side by side.
             threads = self.read_ahead if self.view.source.remote else self.fill.threads if self.fill else 1
             self._pool, self._pid, self._pending = _read_pool(threads), os.getpid(), {}
+        return self._pool
+
+    def _read_ahead(self, batch: int) -> None:
+        if not self.read_ahead:
+            return
+        pool = self._threads()
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)
             later = list(self._upcoming[at : at + self.read_ahead])
@@ -124,7 +137,7 @@ class BatchView:
             self._pending.pop(stale).cancel()
         for ahead in later:
             if ahead < len(self) and ahead not in self._pending:
-                self._pending[ahead] = self._pool.submit(self._fetch, ahead)
+                self._pending[ahead] = pool.submit(self._fetch, ahead)
 
     def __getitem__(self, batch: int) -> dict[str, Any]:
         future = self._pending.pop(batch, None) if self._pid == os.getpid() else None

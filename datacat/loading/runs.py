@@ -37,6 +37,10 @@ class Epochs:
         self.origin = os.getpid()  # the loader's process: workers report their retries to it
         self.resumed: tuple[int, int] | None = None  # (epoch, sequence position) an elastic resume starts from
         self.allocate: Allocate | None = None  # where batches are collated; a backend may give shared memory
+        self._ready: tuple[tuple[int, tuple[int, int] | None], BatchView] | None = None  # a view already reading
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ready": None}  # its reads belong to this process
 
     def __repr__(self) -> str:
         return f"Epochs({self.name!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
@@ -68,9 +72,35 @@ class Epochs:
         )
 
     def batches(self, epoch: int) -> BatchView:
-        """This rank's batches of epoch ``epoch``, by batch index."""
+        """This rank's batches of epoch ``epoch``, by batch index (the one :meth:`prepare` started, if it did)."""
+        ready, self._ready = self._ready, None
+        if ready is not None and ready[0] == (epoch, self.resumed):
+            return ready[1]
+        if ready is not None:
+            ready[1].close()
         view = self.source.view(self.schedule(epoch), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
         return BatchView(view, origin=self.origin, allocate=self.allocate)
+
+    def prepare(self, epoch: int) -> None:
+        """Starts reading epoch ``epoch``'s first batches in this process's read threads; ``batches(epoch)`` takes them.
+
+        Called while the last batches of the epoch before are taken, so the
+        read threads cross into the next epoch without a pause: otherwise its
+        first batch is read only when asked for, and its second after that
+        (with batches of 64 pre-resized images, two of fifteen an epoch read
+        by one thread where two fill side by side).
+        """
+        if self._ready is None or self._ready[0] != (epoch, self.resumed):
+            view = self.batches(epoch)
+            view.plan_reads(range(len(view)))
+            view.start()
+            self._ready = ((epoch, self.resumed), view)
+
+    def close(self) -> None:
+        """Stops the reads :meth:`prepare` started."""
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            ready[1].close()
 
 
 class EpochRun:
