@@ -7,15 +7,15 @@ compression byte and record sizes, and the packed record's ``image`` entry
 header. The only bytes in between are the 24-byte headers Riegeli puts at
 every 64 KiB block boundary. So the shard is memory-mapped, the batch's
 record heads are read from the map and checked together in a few numpy
-calls (:func:`plain_layout`: one record at a time this Python cost a third
-of the copy, under the GIL the other filling thread needs), and each
-record's pixels are read straight
-into the batch's row by one ``os.preadv`` a record, the block headers in
-between landing in a scratch buffer (the GIL is let go for the call; two
-threads copy at twice one's rate, where two threads copying from the map
-with ``ctypes.memmove`` ran slower than one); the record's other entries
-(shape, caption, key, label) are read from the map as small bytes. Nothing
-is decoded or copied again, and array_record's C++ reader is not loaded.
+calls (:func:`plain_layout`), and the pixels of a run of plain records are
+copied from the map into their rows by one ``np.concatenate`` over the
+pieces between block headers, which lets the GIL go for the whole copy, so
+two threads fill two batches side by side. (One ``os.preadv`` a record cost
+twice the CPU, most of it the kernel's copy from the page cache; a numpy
+copy a piece, four an image, handed the GIL back and forth hundreds of
+times a batch, and two threads filled no faster than one.) The record's other entries (shape,
+caption, key, label) are read from the map as small bytes. Nothing is
+decoded or copied again, and array_record's C++ reader is not loaded.
 
 A record that does not look so (another image size, a compressed or
 grouped shard, damaged heads) is left to the ordinary record path, which
@@ -159,6 +159,9 @@ class _Shard:
         self.url, self.index, self.fd = url, index, fd
         weakref.finalize(self, os.close, fd)  # the shard's descriptor lives as long as this object
         self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        import numpy as np
+
+        self.array = np.frombuffer(self.map, np.uint8)  # the same bytes, for numpy's copies
         self._gap = bytearray(riegeli.BLOCK_HEADER)  # where the block headers between pixel runs are read to
         self.starts = index.starts.tolist()  # plain ints: a numpy scalar a record costs more than the copy
         self.ends = index.ends.tolist()
@@ -170,18 +173,18 @@ class _Shard:
             return self.map[start : start + _HEAD]
         return None
 
-    def read_plain(self, row: memoryview, at: int, first_run: int, rest: tuple[int, int]) -> bytes | None:
-        """Pixels from file offset ``at`` into ``row`` (a block header after its first ``first_run`` bytes and every
-        ``USABLE`` after), and the bytes of ``rest``; None if the file is shorter than its index said.
+    def pieces(self, at: int, first_run: int, pixels: int) -> list[np.ndarray]:
+        """Views of the map holding ``pixels`` bytes from file offset ``at``: a block header after the first
+        ``first_run`` bytes and after every ``USABLE`` bytes from there.
         """
-        pixels = len(row)
-        buffers: list[memoryview | bytearray] = [row[:first_run]]
+        array = self.array
+        out = [array[at : at + first_run]]
+        at += first_run + riegeli.BLOCK_HEADER
         for cut in range(first_run, pixels, USABLE):
-            buffers += (self._gap, row[cut : cut + USABLE])
-        wanted = pixels + (len(buffers) // 2) * riegeli.BLOCK_HEADER
-        if os.preadv(self.fd, buffers, at) != wanted:  # the GIL is let go for the read
-            return None
-        return self.map[rest[0] : rest[1]]
+            length = min(USABLE, pixels - cut)
+            out.append(array[at : at + length])
+            at += length + riegeli.BLOCK_HEADER
+        return out
 
     def read(self, position: int, row: memoryview, image_head: bytes) -> bytes | None:
         """Reads record ``position``'s pixels into ``row``; its other entries' bytes, or None if it is not plain.
@@ -326,14 +329,22 @@ class PreResizedFill:
         captions: list[Any] = []
         labels: list[Any] = []
         left: dict[int, Exception | None] = {}
+        # The pixels of each run of plain records are copied by one numpy call (the GIL let go for all of it).
+        rows, pieces, run = images.reshape(-1), [], 0
         for slot, ((shard, local), found) in enumerate(zip(where, opened, strict=True)):
-            row = flat[slot * pixels : (slot + 1) * pixels]
-            if found is None:
-                rest = None
-            elif layout.plain[slot]:
-                rest = found.read_plain(row, layout.pixels_at[slot], layout.first_run[slot], layout.rest[slot])
+            rest: bytes | None
+            if found is not None and layout.plain[slot]:
+                pieces += found.pieces(layout.pixels_at[slot], layout.first_run[slot], pixels)
+                rest = found.map[layout.rest[slot][0] : layout.rest[slot][1]]
             else:  # heads or other entries across a block boundary, or not plain at all (read says which)
-                rest = found.read(local, row, self.image_head)
+                if pieces:
+                    np.concatenate(pieces, out=rows[run * pixels : slot * pixels])
+                pieces, run = [], slot + 1
+                rest = (
+                    None
+                    if found is None
+                    else found.read(local, flat[slot * pixels : (slot + 1) * pixels], self.image_head)
+                )
             key = caption = label = None
             if rest is not None:
                 try:
@@ -352,6 +363,8 @@ class PreResizedFill:
             keys.append(key if key is not None else f"{os.path.basename(reader.urls[shard])}:{local}")
             captions.append(caption)
             labels.append(label)
+        if pieces:
+            np.concatenate(pieces, out=rows[run * pixels :])
         return Filled({"key": keys, "caption": captions, "label": labels}, left)
 
 
