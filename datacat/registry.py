@@ -174,10 +174,11 @@ class BatchFill(Protocol):
     @property
     def arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]]: ...
 
-    @property
-    def threads(self) -> int:
-        """Threads of one process that fill batches side by side: 1 where a fill holds the GIL (two would wait on
-        each other), 2 for a gather that lets it go (the loader then starts no worker processes)."""
+    def threads(self, run: int) -> int:
+        """Threads of one process that fill batches side by side, for batches of runs of ``run`` neighbouring
+        records (1: each record on its own; 0: not shuffled, the batch one run): 2 where the copies let the GIL
+        go and a second thread adds to the first, 1 where it would only contend with it. The loader starts no
+        worker processes for a filled batch either way (they would only copy it once more)."""
         ...
 
     def fill(self, positions: np.ndarray, out: Mapping[str, np.ndarray]) -> Filled: ...

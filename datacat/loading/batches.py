@@ -115,7 +115,13 @@ class BatchView:
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
             # A local read takes microseconds, but filling a batch is the whole of its work: threads fill side by side.
-            threads = self.read_ahead if self.view.source.remote else self.fill.threads if self.fill else 1
+            if self.view.source.remote:
+                threads = self.read_ahead
+            elif self.fill is not None:
+                assert isinstance(self.view, EpochView)
+                threads = self.fill.threads(self.view.run)
+            else:
+                threads = 1
             self._pool, self._pid, self._pending = _read_pool(threads), os.getpid(), {}
         return self._pool
 

@@ -63,7 +63,7 @@ def fills_in_process(source: Any) -> bool:
     fill = source_fill(source)
     transform = source.transform if fill is not None else None
     jitter = isinstance(transform, ImageTransform) and transform.augment is not None and transform.augment.jitter
-    return fill is not None and fill.threads > 1 and not jitter
+    return fill is not None and not jitter
 
 
 def fill_batch(

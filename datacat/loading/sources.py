@@ -205,6 +205,8 @@ class EpochView:
         self.epoch = epoch
         selection = source.selection()
         self.first = selection.start
+        self.run = shuffle if shuffle > 1 else 1 if shuffle else 0
+        """Neighbouring records the order moves together: ``shuffle_run``, 1 each record on its own, 0 not shuffled."""
         if source.random_access:
             self.permutation: Feistel | RunShuffle | _Order | None = None
             if schedule.order is not None:  # a bucketed epoch's own sequence
