@@ -50,6 +50,10 @@ CAPTION_BUDGET = 1 << 30
 """Bytes of captions a process keeps (arrow arrays, every shard a batch touches); past it the oldest shard's go."""
 _HEAD = 4096
 """Bytes read for a ``.npy`` header: enough for any header numpy writes for a 2-d array."""
+_PARSING = threading.Lock()
+"""One header parsed at a time: CPython 3.11 builds an AST with one recursion count for all threads, and two
+threads building at once can raise ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905;
+seen here opening a table's shards in threads beside jax's)."""
 
 
 def npy_header(head: bytes, url: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
@@ -64,7 +68,8 @@ def npy_header(head: bytes, url: str) -> tuple[tuple[int, ...], np.dtype[Any], i
     else:
         (length,), start = struct.unpack("<I", head[8:12]), 12
     try:
-        header = ast.literal_eval(head[start : start + length].decode("latin1"))  # a literal dict, never code
+        with _PARSING:
+            header = ast.literal_eval(head[start : start + length].decode("latin1"))  # a literal dict, never code
         dtype = np.dtype(header["descr"])
         shape = tuple(int(n) for n in header["shape"])
         fortran = bool(header["fortran_order"])
