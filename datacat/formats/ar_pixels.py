@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from datacat.formats import Filled, Reader, check_declared, record_caption, riegeli
 from datacat.formats.packed import packed_label, unpack_views
-from datacat.formats.wire import varint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     from datacat.formats.array_record import ArrayRecordReader
     from datacat.plan import Plan
 
-__all__ = ["Layout", "PreResizedFill", "physical_pieces", "plain_layout"]
+__all__ = ["Layout", "PreResizedFill", "plain_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -59,51 +58,27 @@ USABLE = riegeli.BLOCK - riegeli.BLOCK_HEADER
 """A block's bytes after its header: a chunk's own bytes run on across blocks this many at a time."""
 
 
-def physical_pieces(start: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """(file offset, length) runs holding logical bytes ``[lo, hi)`` of the chunk at file offset ``start``.
-
-    Logical bytes are a chunk's own; the file interleaves a 24-byte block
-    header at every 64 KiB boundary, so consecutive runs are 24 bytes apart.
-    """
-    out: list[tuple[int, int]] = []
-    pos, logical = start, 0
-    if pos % riegeli.BLOCK < riegeli.BLOCK_HEADER:
-        pos += riegeli.BLOCK_HEADER - pos % riegeli.BLOCK
-    while logical < hi:
-        boundary = (pos // riegeli.BLOCK + 1) * riegeli.BLOCK
-        run = min(boundary - pos, hi - logical)
-        first = max(lo, logical)
-        if logical + run > first:
-            out.append((pos + first - logical, logical + run - first))
-        logical += run
-        pos += run
-        if pos == boundary:
-            pos += riegeli.BLOCK_HEADER
-    return out
-
-
 class Layout(NamedTuple):
     """Where a batch's plain records lie in their files, record by record (:func:`plain_layout`)."""
 
     plain: list[bool]
-    """Whether the record is one uncompressed record with the image first and its other entries inside one block."""
+    """Whether the record is one uncompressed record with the image first, inside its chunk."""
     pixels_at: list[int]
     """File offset of its first pixel."""
     first_run: list[int]
     """Pixels before the first block header inside them."""
     rest: list[tuple[int, int]]
-    """File span of its other entries (shape, caption, key, label)."""
+    """File span of its other entries (shape, caption, key, label), block headers included where one falls inside."""
 
 
 def plain_layout(heads: np.ndarray, starts: np.ndarray, ends: np.ndarray, image_head: bytes) -> Layout:
     """The layout of the records whose chunks start at file offsets ``starts`` (and stop at ``ends``), from ``heads``.
 
-    ``heads`` is uint8 [records, ``_HEAD``]: each chunk's first bytes, as
-    the file holds them (inside one block). A record is plain when its chunk
+    ``heads`` is uint8 [records, ``_HEAD``]: each chunk's first bytes
+    without block headers (:meth:`_Shard.head`). A record is plain when its chunk
     holds one uncompressed record of ``decoded`` bytes that starts with
-    ``image_head`` and the data ends inside the chunk, the checks
-    :meth:`_Shard.read` makes one record at a time, here for the batch in a
-    few numpy calls.
+    ``image_head`` and the data ends inside the chunk: checked for the batch
+    in a few numpy calls.
     """
     import numpy as np
 
@@ -123,7 +98,10 @@ def plain_layout(heads: np.ndarray, starts: np.ndarray, ends: np.ndarray, image_
     first = after + len(image_head)  # the pixels' logical offset in the chunk
     stop = 40 + data_size
     rest_length = stop - first - pixels
-    data = starts // riegeli.BLOCK * USABLE + starts % riegeli.BLOCK - riegeli.BLOCK_HEADER  # in the blocks' bytes
+    within = np.maximum(
+        starts % riegeli.BLOCK - riegeli.BLOCK_HEADER, 0
+    )  # a chunk at a boundary starts after its header
+    data = starts // riegeli.BLOCK * USABLE + within  # the chunk's start among the blocks' own bytes
     pixel_data, rest_data = data + first, data + first + pixels
 
     def physical(at: np.ndarray) -> np.ndarray:
@@ -131,6 +109,7 @@ def plain_layout(heads: np.ndarray, starts: np.ndarray, ends: np.ndarray, image_
         return out
 
     rest_at = physical(rest_data)
+    rest_end = np.where(rest_length > 0, physical(rest_data + rest_length - 1) + 1, rest_at)
     plain = (
         (type_and_count == _ONE_RECORD)
         & (compression == 0)
@@ -141,14 +120,13 @@ def plain_layout(heads: np.ndarray, starts: np.ndarray, ends: np.ndarray, image_
         & (marks == np.frombuffer(image_head, np.uint8)).all(axis=1)
         & (stop - first == decoded - len(image_head))
         & (rest_length >= 0)
-        & (rest_data % USABLE + rest_length <= USABLE)
         & (physical(data + stop - 1) < ends)
     )
     return Layout(
         plain.tolist(),
         physical(pixel_data).tolist(),
         np.minimum(USABLE - pixel_data % USABLE, pixels).tolist(),
-        list(zip(rest_at.tolist(), (rest_at + rest_length).tolist(), strict=True)),
+        list(zip(rest_at.tolist(), rest_end.tolist(), strict=True)),
     )
 
 
@@ -162,16 +140,26 @@ class _Shard:
         import numpy as np
 
         self.array = np.frombuffer(self.map, np.uint8)  # the same bytes, for numpy's copies
-        self._gap = bytearray(riegeli.BLOCK_HEADER)  # where the block headers between pixel runs are read to
         self.starts = index.starts.tolist()  # plain ints: a numpy scalar a record costs more than the copy
         self.ends = index.ends.tolist()
 
-    def head(self, position: int) -> bytes | None:
-        """Record ``position``'s first ``_HEAD`` bytes, when they lie inside one block (else None: :meth:`read` it)."""
-        start = self.starts[position]
-        if riegeli.BLOCK_HEADER <= start % riegeli.BLOCK <= riegeli.BLOCK - _HEAD and start + _HEAD <= len(self.map):
-            return self.map[start : start + _HEAD]
-        return None
+    def head(self, position: int) -> bytes:
+        """Record ``position``'s chunk's first ``_HEAD`` bytes, block headers taken out (zeros past its end)."""
+        start, end = self.starts[position], self.ends[position]
+        within = start % riegeli.BLOCK
+        if riegeli.BLOCK_HEADER <= within <= riegeli.BLOCK - _HEAD and start + _HEAD <= end:
+            return self.map[start : start + _HEAD]  # inside one block: as the file holds it
+        start += max(riegeli.BLOCK_HEADER - within, 0)  # a chunk at a block boundary starts after its header
+        head = riegeli.without_block_headers(self.map[start : min(start + _HEAD + riegeli.BLOCK_HEADER, end)], start)
+        return head[:_HEAD].ljust(_HEAD, b"\0")
+
+    def rest(self, span: tuple[int, int]) -> bytes:
+        """The bytes of a record's other entries at file ``span``, without the block header that may fall inside."""
+        first, stop = span
+        raw = self.map[first:stop]
+        return (
+            raw if first // riegeli.BLOCK == (stop - 1) // riegeli.BLOCK else riegeli.without_block_headers(raw, first)
+        )
 
     def pieces(self, at: int, first_run: int, pixels: int) -> list[np.ndarray]:
         """Views of the map holding ``pixels`` bytes from file offset ``at``: a block header after the first
@@ -185,53 +173,6 @@ class _Shard:
             out.append(array[at : at + length])
             at += length + riegeli.BLOCK_HEADER
         return out
-
-    def read(self, position: int, row: memoryview, image_head: bytes) -> bytes | None:
-        """Reads record ``position``'s pixels into ``row``; its other entries' bytes, or None if it is not plain.
-
-        ``image_head`` is the packed ``image`` entry's header the record must
-        start with (key length 5, ``image``, the pixels' length).
-        """
-        start, end = self.starts[position], self.ends[position]
-        within = start % riegeli.BLOCK
-        if riegeli.BLOCK_HEADER <= within <= riegeli.BLOCK - _HEAD:  # the heads lie inside one block
-            head = self.map[start : start + _HEAD]
-        else:
-            head = riegeli.without_block_headers(self.map[start : min(start + _HEAD, end)], start)
-        if len(head) < _HEAD_FIELDS.size:
-            return None
-        data_size, type_and_count, decoded, compression, sizes_length = _HEAD_FIELDS.unpack_from(head)
-        if type_and_count != _ONE_RECORD or compression or not 0 < sizes_length <= 5:  # one record, uncompressed
-            return None
-        record_length, after = varint(head, _HEAD_FIELDS.size)
-        if after - _HEAD_FIELDS.size != sizes_length or record_length != decoded:
-            return None
-        first = after + len(image_head)  # the pixels' logical offset in the chunk
-        if head[after:first] != image_head:
-            return None
-        pixels = len_pixels(image_head)
-        stop = 40 + data_size
-        pieces = physical_pieces(start, first, stop)
-        if stop - first != decoded - len(image_head) or pieces[-1][0] + pieces[-1][1] > end:
-            return None
-        if len(row) != pixels:
-            return None
-        done, rest = 0, []
-        buffers: list[memoryview | bytearray] = []
-        for offset, length in pieces:
-            if done < pixels:  # the pixels' runs, a block header between two
-                take = min(length, pixels - done)
-                if buffers:
-                    buffers.append(self._gap)
-                buffers.append(row[done : done + take])
-                done += take
-                offset, length = offset + take, length - take
-            if length:
-                rest.append(self.map[offset : offset + length])
-        wanted = pixels + (len(buffers) // 2) * len(self._gap)
-        if os.preadv(self.fd, buffers, pieces[0][0]) != wanted:  # the GIL is let go for the read
-            return None
-        return b"".join(rest)
 
 
 def len_pixels(image_head: bytes) -> int:
@@ -309,16 +250,14 @@ class PreResizedFill:
             raise ValueError(f"{self!r} fills C-contiguous uint8 [n, {self.size}, {self.size}, 3], not {images.shape}")
         import numpy as np
 
-        flat = memoryview(images.data).cast("B")  # C-contiguous: the rows one after another
         reader, pixels, no_head = self.reader, self.pixels, bytes(_HEAD)
         offsets = np.asarray(reader.offsets)
         shard_of = np.searchsorted(offsets, positions, side="right") - 1
         where = list(zip(shard_of.tolist(), (positions - offsets[shard_of]).tolist(), strict=True))
         opened = [self._shard(shard) for shard, _ in where]
-        # Every record's heads, checked for the batch at once; a record whose heads cross a block is read alone.
-        heads, starts, ends = [], [], []
+        heads, starts, ends = [], [], []  # every record's heads, checked for the batch at once
         for shard, (_, local) in zip(opened, where, strict=True):
-            heads.append(no_head if shard is None else shard.head(local) or no_head)
+            heads.append(no_head if shard is None else shard.head(local))
             starts.append(0 if shard is None else shard.starts[local])
             ends.append(0 if shard is None else shard.ends[local])
         layout = plain_layout(
@@ -334,19 +273,14 @@ class PreResizedFill:
         # The pixels of each run of plain records are copied by one numpy call (the GIL let go for all of it).
         rows, pieces, run = images.reshape(-1), [], 0
         for slot, ((shard, local), found) in enumerate(zip(where, opened, strict=True)):
-            rest: bytes | None
+            rest: bytes | None = None
             if found is not None and layout.plain[slot]:
                 pieces += found.pieces(layout.pixels_at[slot], layout.first_run[slot], pixels)
-                rest = found.map[layout.rest[slot][0] : layout.rest[slot][1]]
-            else:  # heads or other entries across a block boundary, or not plain at all (read says which)
+                rest = found.rest(layout.rest[slot])
+            else:  # not plain: the record path reads it into its row
                 if pieces:
                     np.concatenate(pieces, out=rows[run * pixels : slot * pixels])
                 pieces, run = [], slot + 1
-                rest = (
-                    None
-                    if found is None
-                    else found.read(local, flat[slot * pixels : (slot + 1) * pixels], self.image_head)
-                )
             key = caption = label = None
             if rest is not None:
                 try:
