@@ -310,6 +310,62 @@ def test_runs_of_neighbours_resume_exactly_on_any_world_and_refuse_another_run(t
         opened(shuffle_run=1).load_state_dict(state)
 
 
+def test_pace_reads_ahead_while_the_loop_is_away_and_in_the_loop_while_it_waits() -> None:
+    from datacat.loading.pace import Pace
+
+    pace = Pace()
+    assert pace.ahead  # nothing measured yet
+    for _ in range(3):  # the loop comes back at once and waits for nearly the whole read
+        pace.read(1e-3)
+        pace.away(1e-5)
+        pace.waited(0.9e-3)
+    assert not pace.ahead
+    pace.away(0.2e-3)  # a loop away a fifth of a read: still better off reading itself
+    assert not pace.ahead
+    for _ in range(3):  # its step grew past half a read: the thread hides the read behind it
+        pace.read(1e-3)
+        pace.away(2e-3)
+    assert pace.ahead and pace.wait_s is None
+    pace.waited(0.1e-3)  # waiting a little for a batch read ahead keeps reading ahead
+    assert pace.ahead
+    pace.away(3600.0)  # an hour's pause counts as two reads, no more
+    assert pace.away_s is not None and pace.away_s < 1e-2
+
+
+def test_rows_in_runs_are_read_by_the_loop_that_waits_and_ahead_for_one_that_works(
+    table: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from datacat.formats.table_rows import RowsFill
+
+    fill = RowsFill.fill
+    readers: list[str] = []
+
+    def slow(self: RowsFill, positions: np.ndarray, out: Any) -> Any:
+        readers.append(threading.current_thread().name)
+        time.sleep(0.005)  # a batch whose read takes 5 ms
+        return fill(self, positions, out)
+
+    monkeypatch.setattr(RowsFill, "fill", slow)
+    options = {"batch_size": 4, "seed": 2, "epochs": 2, "num_workers": 0, "shuffle_run": 4}
+    options |= {"on_bad_sample": "skip", "bad_sample_budget": 0.5}
+    catalog = datacat.load_catalog(table)
+    waits = [list(batch["key"]) for batch in datacat.open("emb", catalog=catalog, framework="torch", **options)]
+    in_loop = sum(not name.startswith("datacat-read") for name in readers)
+    assert in_loop >= 0.75 * len(readers), readers  # read ahead at first, then by the loop itself
+    readers.clear()
+    both, wait_first = [], 12
+    for batch in datacat.open("emb", catalog=catalog, framework="jax", **options):
+        both.append(list(batch["key"]))
+        if len(both) > wait_first:
+            time.sleep(0.02)  # then a training step four reads long
+    assert not readers[wait_first - 2].startswith("datacat-read"), readers  # the loop waited: it read itself
+    assert all(name.startswith("datacat-read") for name in readers[-12:]), readers  # its step hides the reads
+    assert waits == both  # the same batches whichever thread read them
+
+
 def test_row_keys_read_as_the_list_of_keys_they_stand_for() -> None:
     from datacat.formats.table_rows import RowKeys
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from datacat.loading.collate import array_keys, collate_numpy, field_keys
 from datacat.loading.contracts import Records
 from datacat.loading.epochs import cumulative
 from datacat.loading.filling import FilledBatch, batch_fill, fill_batch, finish_filled
+from datacat.loading.pace import Pace
 from datacat.loading.sources import EpochView, Fetched
 from datacat.storage import retry_count
 from datacat.transforms.ledger import is_marker
@@ -39,8 +41,10 @@ class BatchView:
     behind the CPU work (two batches in two threads: one thread held a
     worker to ~0.7 of its rate at 80 ms a request; three batches cost more
     CPU than they saved). The threads are the process's (:func:`_read_pool`),
-    kept from one epoch's view to the next. Never raises for data: errors
-    travel as markers.
+    kept from one epoch's view to the next. A batch its format fills in one
+    thread is read ahead only while the loop's :class:`~datacat.loading.pace.Pace`
+    says it pays; else the loop reads it when it asks. Never raises for
+    data: errors travel as markers.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class BatchView:
         read_ahead: int = 2,
         origin: int | None = None,
         allocate: Allocate | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.view = view  # an EpochView, or a MixtureView
         self.arrays = array_keys(view.source.plan)
@@ -59,10 +64,12 @@ class BatchView:
         self.starts = cumulative(view.schedule.batch_sizes)
         self.read_ahead = read_ahead if view.random_access else 0
         self.fill = batch_fill(view)  # the format's batch path: arrays read straight into the batch
+        self.pace = pace if pace is not None else Pace()  # the loop's, kept across epochs by Epochs
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the process's _read_pool, once used
         self._pid = 0
         self._pending: dict[int, concurrent.futures.Future[list[Fetched] | FilledBatch | None]] = {}
         self._last: int | None = None
+        self._left: float | None = None  # when the loop took its last batch of this view
         self._upcoming: Sequence[int] | None = None
         self._retried = retry_count()
         self._origin = os.getpid() if origin is None else origin  # the loader's process, which counts its own retries
@@ -80,6 +87,7 @@ class BatchView:
             "_pid": 0,
             "_pending": {},
             "_last": None,
+            "_left": None,
             "_upcoming": None,
             "_retried": 0,
         }
@@ -89,7 +97,10 @@ class BatchView:
         indices = range(self.starts[batch], self.starts[batch + 1])
         if self.fill is not None:
             assert isinstance(self.view, EpochView)
-            return fill_batch(self.view, self.fill, indices, self.allocate)
+            began = time.perf_counter()
+            filled = fill_batch(self.view, self.fill, indices, self.allocate)
+            self.pace.read(time.perf_counter() - began)
+            return filled
         return self.view.fetch(indices)
 
     def close(self) -> None:
@@ -105,30 +116,38 @@ class BatchView:
 
     def start(self) -> None:
         """Starts reading the first batches this process will ask for, before it asks for any."""
-        if not self.read_ahead or self._upcoming is None:
+        if not self._reads_ahead() or self._upcoming is None:
             return
         pool = self._threads()
         for ahead in self._upcoming[: self.read_ahead]:
             if ahead not in self._pending:
                 self._pending[ahead] = pool.submit(self._fetch, ahead)
 
+    def _thread_count(self) -> int:
+        # A local read takes microseconds, but filling a batch is the whole of its work: threads fill side by side.
+        if self.view.source.remote:
+            return self.read_ahead
+        if self.fill is not None:
+            assert isinstance(self.view, EpochView)
+            return self.fill.threads(self.view.run)
+        return 1
+
+    def _reads_ahead(self) -> bool:
+        # Fills side by side beat one in any loop; one fill thread pays only while the loop is away long enough.
+        if not self.read_ahead:
+            return False
+        return self.fill is None or self.view.source.remote or self._thread_count() > 1 or self.pace.ahead
+
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
-            # A local read takes microseconds, but filling a batch is the whole of its work: threads fill side by side.
-            if self.view.source.remote:
-                threads = self.read_ahead
-            elif self.fill is not None:
-                assert isinstance(self.view, EpochView)
-                threads = self.fill.threads(self.view.run)
-            else:
-                threads = 1
-            self._pool, self._pid, self._pending = _read_pool(threads), os.getpid(), {}
+            self._pool, self._pid, self._pending = _read_pool(self._thread_count()), os.getpid(), {}
         return self._pool
 
     def _read_ahead(self, batch: int) -> None:
         if not self.read_ahead:
             return
-        pool = self._threads()
+        for stale in [b for b in self._pending if b <= batch]:
+            self._pending.pop(stale).cancel()
         if self._upcoming is not None:
             at = bisect.bisect_right(self._upcoming, batch)
             later = list(self._upcoming[at : at + self.read_ahead])
@@ -139,15 +158,29 @@ class BatchView:
         else:
             later = []  # no stride yet: a guess would fetch another worker's batch
         self._last = batch
-        for stale in [b for b in self._pending if b <= batch]:
-            self._pending.pop(stale).cancel()
+        if not self._reads_ahead():
+            return
+        pool = self._threads()
         for ahead in later:
             if ahead < len(self) and ahead not in self._pending:
                 self._pending[ahead] = pool.submit(self._fetch, ahead)
 
     def __getitem__(self, batch: int) -> dict[str, Any]:
+        if self._left is not None:
+            self.pace.away(time.perf_counter() - self._left)
+        try:
+            return self._build(batch)
+        finally:
+            self._left = time.perf_counter()
+
+    def _build(self, batch: int) -> dict[str, Any]:
         future = self._pending.pop(batch, None) if self._pid == os.getpid() else None
-        fetched = future.result() if future is not None else self._fetch(batch)
+        if future is None:
+            fetched = self._fetch(batch)
+        else:
+            began = time.perf_counter()
+            fetched = future.result()
+            self.pace.waited(time.perf_counter() - began)
         self._read_ahead(batch)
         if self.fill is not None:
             assert isinstance(self.view, EpochView)

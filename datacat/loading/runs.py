@@ -15,6 +15,7 @@ from datacat.loading.batches import Allocate, BatchView
 from datacat.loading.contracts import Source
 from datacat.loading.epochs import Schedule, plan_schedule
 from datacat.loading.options import LoadOptions
+from datacat.loading.pace import Pace
 
 __all__ = ["ENDLESS", "EpochRun", "Epochs"]
 
@@ -37,6 +38,7 @@ class Epochs:
         self.origin = os.getpid()  # the loader's process: workers report their retries to it
         self.resumed: tuple[int, int] | None = None  # (epoch, sequence position) an elastic resume starts from
         self.allocate: Allocate | None = None  # where batches are collated; a backend may give shared memory
+        self.pace = Pace()  # this process's reads against its loop, from one epoch's view to the next
         self._ready: tuple[tuple[int, tuple[int, int] | None], BatchView] | None = None  # a view already reading
 
     def __getstate__(self) -> dict[str, Any]:
@@ -79,7 +81,7 @@ class Epochs:
         if ready is not None:
             ready[1].close()
         view = self.source.view(self.schedule(epoch), seed=self.seed, epoch=epoch, shuffle=self.shuffle)
-        return BatchView(view, origin=self.origin, allocate=self.allocate)
+        return BatchView(view, origin=self.origin, allocate=self.allocate, pace=self.pace)
 
     def prepare(self, epoch: int) -> None:
         """Starts reading epoch ``epoch``'s first batches in this process's read threads; ``batches(epoch)`` takes them.
