@@ -8,12 +8,30 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Feistel", "RunShuffle", "epoch_key", "shard_order"]
+__all__ = ["Feistel", "Order", "RunShuffle", "epoch_key", "shard_order"]
+
+
+class Order(Protocol):
+    """An epoch's order of its records: ``order[j]`` is the record read ``j``-th (a shuffle, or a bucketed epoch's)."""
+
+    def __getitem__(self, index: int) -> int: ...
+
+    def take(self, indices: Sequence[int]) -> list[int]:
+        """``[order[j] for j in indices]``."""
+        ...
+
+    def take_array(self, indices: np.ndarray) -> np.ndarray:
+        """``order[j]`` for every ``j`` of an int64 array."""
+        ...
+
+    def take_range(self, start: int, stop: int) -> np.ndarray:
+        """``order[j]`` for ``j`` in ``range(start, stop)`` (a batch's neighbouring indices), as an int64 array."""
+        ...
 
 
 def epoch_key(seed: int, epoch: int, salt: str = "") -> int:

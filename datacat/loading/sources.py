@@ -25,7 +25,7 @@ from datacat.formats.selection import Selection, build_selection, stored_sizes
 from datacat.loading.buckets import Bucketing, nearest_buckets
 from datacat.loading.epochs import Schedule, cumulative, locate
 from datacat.loading.options import LoadOptions
-from datacat.loading.shuffle import Feistel, RunShuffle, epoch_key, shard_order
+from datacat.loading.shuffle import Feistel, Order, RunShuffle, epoch_key, shard_order
 from datacat.plan import Plan
 from datacat.registry import format_of
 from datacat.storage import is_remote
@@ -208,7 +208,7 @@ class EpochView:
         self.run = shuffle if shuffle > 1 else 1 if shuffle else 0
         """Neighbouring records the order moves together: ``shuffle_run``, 1 each record on its own, 0 not shuffled."""
         if source.random_access:
-            self.permutation: Feistel | RunShuffle | _Order | None = None
+            self.permutation: Order | None = None
             if schedule.order is not None:  # a bucketed epoch's own sequence
                 self.permutation = _Order(schedule.order)
             elif shuffle > 1:
@@ -300,7 +300,7 @@ class EpochView:
         if low < 0 or high >= len(self):
             raise IndexError(low if low < 0 else high)
         span = self.schedule.at_range(indices)
-        if span is not None and isinstance(self.permutation, Feistel | RunShuffle):  # a batch's own: cached blocks
+        if span is not None and self.permutation is not None:  # a batch's own neighbouring indices
             picked = self.permutation.take_range(span.start, span.stop)
         else:
             sequence = self.schedule.at_array(indices)
@@ -395,3 +395,8 @@ class _Order:
     def take_array(self, indices: np.ndarray) -> np.ndarray:
         taken: np.ndarray = self.order[indices]
         return taken
+
+    def take_range(self, start: int, stop: int) -> np.ndarray:
+        if not 0 <= start <= stop <= len(self.order):
+            raise IndexError(start if start < 0 else stop - 1)
+        return np.asarray(self.order[start:stop], np.int64)
