@@ -42,6 +42,8 @@ class Pace:
     waits for most of each read; reading where the loop asks, true again
     once the loop is away for half a read or more between batches. The two
     shares differ so that a loop near the line does not swing between them.
+    Read threads and the loop update it without a lock: a lost update only
+    delays a decision by a batch.
     """
 
     def __init__(self) -> None:
