@@ -184,6 +184,8 @@ class PreResizedFill:
     """Batches of a local pre-resized ArrayRecord entry: pixels read straight into the batch's image rows."""
 
     def __init__(self, reader: ArrayRecordReader, plan: Plan) -> None:
+        import numpy as np
+
         self.reader = reader
         self.size = plan.loading.image_size
         self.pixels = self.size * self.size * 3
@@ -193,6 +195,7 @@ class PreResizedFill:
         self.caption_keys: tuple[str, ...] = (record.caption, "caption") if record.caption else ()
         self.label_key = record.label or "label"
         self.key_key = record.key
+        self.offsets = np.asarray(reader.offsets, np.int64)  # each shard's first position, for the batch's searchsorted
         self._shards: dict[int, _Shard | None] = {}
         self._lock = threading.Lock()  # threads filling batches side by side open each shard once
 
@@ -251,7 +254,7 @@ class PreResizedFill:
         import numpy as np
 
         reader, pixels, no_head = self.reader, self.pixels, bytes(_HEAD)
-        offsets = np.asarray(reader.offsets)
+        offsets = self.offsets
         shard_of = np.searchsorted(offsets, positions, side="right") - 1
         where = list(zip(shard_of.tolist(), (positions - offsets[shard_of]).tolist(), strict=True))
         opened = [self._shard(shard) for shard, _ in where]

@@ -136,7 +136,7 @@ class BatchView:
         # Fills side by side beat one in any loop; one fill thread pays only while the loop is away long enough.
         if not self.read_ahead:
             return False
-        return self.fill is None or self.view.source.remote or self._thread_count() > 1 or self.pace.ahead
+        return self.fill is None or self._thread_count() > 1 or self.pace.ahead  # fills are of local shards
 
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
