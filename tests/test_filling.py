@@ -117,6 +117,18 @@ def test_pre_resized_batches_equal_the_record_paths_and_only_the_odd_records_tak
     assert sorted(set(asked)) == [5, 9, *range(40, 50)]
 
 
+def test_small_entries_read_what_unpack_record_reads_and_no_garbled_record() -> None:
+    from datacat.formats.ar_pixels import small_entries
+
+    record = pack_record({"shape": struct.pack("<ii", 4, 4), "caption": "a cat", "key": "k1", "label": "3"})
+    assert small_entries(record) == {key.encode(): value for key, value in unpack_record(record).items()}
+    assert small_entries(b"") == {}
+    for garbled in (record[:-1], record[:3], record + b"\0", record + record):  # cut, stray bytes, names twice
+        assert small_entries(garbled) is None
+        with pytest.raises(ValueError):
+            unpack_record(garbled)
+
+
 def test_workers_are_kept_where_colour_jitter_follows_the_copy(pre_resized: Path) -> None:
     catalog = datacat.load_catalog(pre_resized)
     for augmentation, workers in (("flip_jitter", 2), ("flip_only", 0), ("none", 0)):

@@ -14,7 +14,8 @@ two threads fill two batches side by side. (One ``os.preadv`` a record cost
 twice the CPU, most of it the kernel's copy from the page cache; a numpy
 copy a piece, four an image, handed the GIL back and forth hundreds of
 times a batch, and two threads filled no faster than one.) The record's other entries (shape,
-caption, key, label) are read from the map as small bytes. Nothing is
+caption, key, label) are read from the map as small bytes and parsed by
+:func:`small_entries` (names as bytes, no error message made). Nothing is
 decoded or copied again, and array_record's C++ reader is not loaded.
 
 A record that does not look so (another image size, a compressed or
@@ -26,6 +27,7 @@ while a loader reads them, as everywhere in datacat.
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -35,8 +37,8 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from datacat.formats import Filled, Reader, check_declared, record_caption, riegeli
-from datacat.formats.packed import packed_label, unpack_views
+from datacat.formats import Filled, Reader, check_declared, riegeli
+from datacat.formats.packed import packed_label
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,6 +58,7 @@ _ONE_RECORD = (1 << 8) | ord("r")
 """A simple chunk of one record."""
 USABLE = riegeli.BLOCK - riegeli.BLOCK_HEADER
 """A block's bytes after its header: a chunk's own bytes run on across blocks this many at a time."""
+_U32 = struct.Struct("<I")
 
 
 class Layout(NamedTuple):
@@ -166,13 +169,46 @@ class _Shard:
         ``first_run`` bytes and after every ``USABLE`` bytes from there.
         """
         array = self.array
-        out = [array[at : at + first_run]]
-        at += first_run + riegeli.BLOCK_HEADER
-        for cut in range(first_run, pixels, USABLE):
-            length = min(USABLE, pixels - cut)
-            out.append(array[at : at + length])
-            at += length + riegeli.BLOCK_HEADER
-        return out
+        return [array[at + begin : at + end] for begin, end in _spans(first_run, pixels)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _spans(first_run: int, pixels: int) -> tuple[tuple[int, int], ...]:
+    """Where a record's ``pixels`` bytes lie from its first pixel's offset: between the block headers after
+    ``first_run`` bytes and every ``USABLE`` bytes from there (one tuple a start within a block, made once).
+    """
+    out, at = [(0, first_run)], first_run + riegeli.BLOCK_HEADER
+    for cut in range(first_run, pixels, USABLE):
+        length = min(USABLE, pixels - cut)
+        out.append((at, at + length))
+        at += length + riegeli.BLOCK_HEADER
+    return tuple(out)
+
+
+def small_entries(rest: bytes) -> dict[bytes, bytes] | None:
+    """The entries of a packed record's small part (shape, caption, key, label) by utf-8 name; None if garbled.
+
+    :func:`~datacat.formats.packed.unpack_views` parses the same layout
+    and says what is wrong with a garbled record; this one only tells that
+    one is, in half its time (names stay bytes, no message is made), and
+    the record path then reads the record again and names its fault.
+    """
+    out: dict[bytes, bytes] = {}
+    pos, end = 0, len(rest)
+    try:
+        while pos < end:
+            (name_length,) = _U32.unpack_from(rest, pos)
+            name = rest[pos + 4 : pos + 4 + name_length]
+            pos += 4 + name_length
+            (length,) = _U32.unpack_from(rest, pos)
+            pos += 4
+            if pos + length > end or name in out:
+                return None
+            out[name] = rest[pos : pos + length]
+            pos += length
+    except struct.error:  # a length past the end
+        return None
+    return out
 
 
 def len_pixels(image_head: bytes) -> int:
@@ -195,6 +231,10 @@ class PreResizedFill:
         self.caption_keys: tuple[str, ...] = (record.caption, "caption") if record.caption else ()
         self.label_key = record.label or "label"
         self.key_key = record.key
+        self.caption_names = tuple(name.encode() for name in self.caption_keys)
+        self.label_name = self.label_key.encode()
+        self.key_name = self.key_key.encode() if self.key_key else None
+        self.names = [os.path.basename(url) for url in reader.urls]  # a record without a key is named by these
         self.offsets = np.asarray(reader.offsets, np.int64)  # each shard's first position, for the batch's searchsorted
         self._shards: dict[int, _Shard | None] = {}
         self._lock = threading.Lock()  # threads filling batches side by side open each shard once
@@ -253,7 +293,7 @@ class PreResizedFill:
             raise ValueError(f"{self!r} fills C-contiguous uint8 [n, {self.size}, {self.size}, 3], not {images.shape}")
         import numpy as np
 
-        reader, pixels, no_head = self.reader, self.pixels, bytes(_HEAD)
+        names, pixels, no_head = self.names, self.pixels, bytes(_HEAD)
         offsets = self.offsets
         shard_of = np.searchsorted(offsets, positions, side="right") - 1
         where = list(zip(shard_of.tolist(), (positions - offsets[shard_of]).tolist(), strict=True))
@@ -287,19 +327,22 @@ class PreResizedFill:
             key = caption = label = None
             if rest is not None:
                 try:
-                    entries = unpack_views(rest)
-                    if bytes(entries.get("shape", b"")) != self.shape:
+                    entries = small_entries(rest)
+                    if entries is None or entries.get(b"shape") != self.shape:
                         raise ValueError("not this size")
-                    caption = record_caption(entries, self.caption_keys) if self.caption_keys else None
-                    if self.label_key in entries:
-                        label = packed_label(bytes(entries[self.label_key]))
-                    if self.key_key and self.key_key in entries:
-                        key = str(entries[self.key_key], "utf-8", "replace")
+                    for name in self.caption_names:  # as record_caption reads it
+                        if name in entries:
+                            caption = str(entries[name], "utf-8").strip()
+                            break
+                    if self.label_name in entries:
+                        label = packed_label(entries[self.label_name])
+                    if self.key_name is not None and self.key_name in entries:
+                        key = str(entries[self.key_name], "utf-8", "replace")
                 except ValueError:  # UnicodeDecodeError too: the record path reads it again and says what is wrong
                     rest = None
             if rest is None:
                 left[slot] = None
-            keys.append(key if key is not None else f"{os.path.basename(reader.urls[shard])}:{local}")
+            keys.append(key if key is not None else f"{names[shard]}:{local}")
             captions.append(caption)
             labels.append(label)
         if pieces:
