@@ -123,7 +123,8 @@ def test_small_entries_read_what_unpack_record_reads_and_no_garbled_record() -> 
     record = pack_record({"shape": struct.pack("<ii", 4, 4), "caption": "a cat", "key": "k1", "label": "3"})
     assert small_entries(record) == {key.encode(): value for key, value in unpack_record(record).items()}
     assert small_entries(b"") == {}
-    for garbled in (record[:-1], record[:3], record + b"\0", record + record):  # cut, stray bytes, names twice
+    not_utf8 = record + struct.pack("<I", 2) + b"\xff\xfe" + struct.pack("<I", 0)
+    for garbled in (record[:-1], record[:3], record + b"\0", record + record, not_utf8):  # cut, stray, twice, name
         assert small_entries(garbled) is None
         with pytest.raises(ValueError):
             unpack_record(garbled)

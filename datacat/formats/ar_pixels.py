@@ -190,7 +190,7 @@ def small_entries(rest: bytes) -> dict[bytes, bytes] | None:
 
     :func:`~datacat.formats.packed.unpack_views` parses the same layout
     and says what is wrong with a garbled record; this one only tells that
-    one is, in half its time (names stay bytes, no message is made), and
+    one is, in half its time (names are checked but kept as bytes, no message is made), and
     the record path then reads the record again and names its fault.
     """
     out: dict[bytes, bytes] = {}
@@ -204,9 +204,10 @@ def small_entries(rest: bytes) -> dict[bytes, bytes] | None:
             pos += 4
             if pos + length > end or name in out:
                 return None
+            name.decode("utf-8")  # a name the record path would refuse
             out[name] = rest[pos : pos + length]
             pos += length
-    except struct.error:  # a length past the end
+    except (struct.error, UnicodeDecodeError):  # a length past the end, a name not utf-8
         return None
     return out
 
