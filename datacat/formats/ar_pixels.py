@@ -229,12 +229,10 @@ class PreResizedFill:
         self.image_head = struct.pack("<I5sI", 5, b"image", self.pixels)
         self.shape = struct.pack("<ii", self.size, self.size)
         record = plan.record
-        self.caption_keys: tuple[str, ...] = (record.caption, "caption") if record.caption else ()
-        self.label_key = record.label or "label"
-        self.key_key = record.key
-        self.caption_names = tuple(name.encode() for name in self.caption_keys)
-        self.label_name = self.label_key.encode()
-        self.key_name = self.key_key.encode() if self.key_key else None
+        # The entries read, by name as small_entries gives them (captions as the record path reads them).
+        self.caption_names = (record.caption.encode(), b"caption") if record.caption else ()
+        self.label_name = (record.label or "label").encode()
+        self.key_name = record.key.encode() if record.key else None
         self.names = [os.path.basename(url) for url in reader.urls]  # a record without a key is named by these
         self.offsets = np.asarray(reader.offsets, np.int64)  # each shard's first position, for the batch's searchsorted
         self._shards: dict[int, _Shard | None] = {}

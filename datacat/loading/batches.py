@@ -65,6 +65,7 @@ class BatchView:
         self.read_ahead = read_ahead if view.random_access else 0
         self.fill = batch_fill(view)  # the format's batch path: arrays read straight into the batch
         self.pace = pace if pace is not None else Pace()  # the loop's, kept across epochs by Epochs
+        self.thread_count = self._thread_count()  # the view's read threads, worked out once
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the process's _read_pool, once used
         self._pid = 0
         self._pending: dict[int, concurrent.futures.Future[list[Fetched] | FilledBatch | None]] = {}
@@ -136,11 +137,11 @@ class BatchView:
         # Fills side by side beat one in any loop; one fill thread pays only while the loop is away long enough.
         if not self.read_ahead:
             return False
-        return self.fill is None or self._thread_count() > 1 or self.pace.ahead  # fills are of local shards
+        return self.fill is None or self.thread_count > 1 or self.pace.ahead  # fills are of local shards
 
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None or self._pid != os.getpid():  # a forked copy has no live threads
-            self._pool, self._pid, self._pending = _read_pool(self._thread_count()), os.getpid(), {}
+            self._pool, self._pid, self._pending = _read_pool(self.thread_count), os.getpid(), {}
         return self._pool
 
     def _read_ahead(self, batch: int) -> None:

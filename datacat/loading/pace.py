@@ -58,9 +58,6 @@ class Pace:
     def __getstate__(self) -> dict[str, Any]:
         return Pace().__dict__  # another process measures its own
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def read(self, seconds: float) -> None:
         """A batch took ``seconds`` to read."""
         self.read_s = _average(self.read_s, seconds)
