@@ -140,6 +140,10 @@ class _Shard:
         self.url, self.index, self.fd = url, index, fd
         weakref.finalize(self, os.close, fd)  # the shard's descriptor lives as long as this object
         self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        # No huge page of a read-only file is mapped here (FilePmdMapped stays 0), but with this advice the
+        # copies out of the map ran 8-15 % faster, side by side (2 cores, AMD, ext4; embedding rows: no change).
+        if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+            self.map.madvise(mmap.MADV_HUGEPAGE)
         import numpy as np
 
         self.array = np.frombuffer(self.map, np.uint8)  # the same bytes, for numpy's copies
