@@ -263,12 +263,18 @@ def table(tmp_path: Path) -> Path:
     return catalog
 
 
-@pytest.mark.parametrize(("workers", "run"), [(0, 1), (0, 8), pytest.param(2, 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("workers", "run", "held"),
+    [(0, 1, True), (0, 8, True), (0, 8, False), pytest.param(2, 1, True, marks=pytest.mark.slow)],
+)
 def test_embedding_rows_equal_the_record_paths(
-    table: Path, workers: int, run: int, monkeypatch: pytest.MonkeyPatch
+    table: Path, workers: int, run: int, held: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from datacat.formats.embedding_table import EmbeddingTableReader
 
+    if not held:  # the whole table is the training split: a position is its row
+        table.write_text(table.read_text().replace(", validation_rows: [10, 20]", ""))
+    rows = 79 if held else 89  # 90 rows, 10 held for validation, 1 all zeros
     options = {"batch_size": 16, "seed": 2, "num_workers": workers, "on_bad_sample": "skip", "bad_sample_budget": 0.5}
     options["shuffle_run"] = run
     expected, _ = _epochs(table, "emb", fill=False, **options)
@@ -276,19 +282,45 @@ def test_embedding_rows_equal_the_record_paths(
     got, loader = _epochs(table, "emb", fill=True, **options)
     assert loader.num_workers == 0  # a gather: two threads of this process fill it, no worker copies it again
     if workers == 0:
-        assert sorted(set(asked)) == [24]  # only the all-zero row (row 34 of the split less 10 held) is read alone
+        assert sorted(set(asked)) == [24 if held else 34]  # only the all-zero row (row 34 of the table) is read alone
     _same(got, expected)
     keys = [k for batch in got for k in batch["key"]]
-    assert len(keys) == 2 * 79 and "0001:4" not in keys  # 90 rows, 10 held for validation, 1 all zeros
+    assert len(keys) == 2 * rows and "0001:4" not in keys
     assert got[0]["image_embedding"].dtype == np.float16  # the table's own dtype
-    assert not any(k.startswith("0000:") and 10 <= int(k.split(":")[1]) < 20 for k in keys)
+    inside = [k for k in keys if k.startswith("0000:") and 10 <= int(k.split(":")[1]) < 20]
+    assert len(inside) == (0 if held else 20)
     for epoch in (got[: len(got) // 2], got[len(got) // 2 :]):  # each row once an epoch, in either order
-        assert len({k for batch in epoch for k in batch["key"]}) == 79
+        assert len({k for batch in epoch for k in batch["key"]}) == rows
     if run > 1:  # neighbours moved together: a batch of 16 is two stretches of 8, give or take a boundary
         for batch in got:
-            rows = [(k.split(":")[0], int(k.split(":")[1])) for k in batch["key"]]
-            stretches = 1 + sum(b != (a[0], a[1] + 1) for a, b in itertools.pairwise(rows))
+            rows_of = [(k.split(":")[0], int(k.split(":")[1])) for k in batch["key"]]
+            stretches = 1 + sum(b != (a[0], a[1] + 1) for a, b in itertools.pairwise(rows_of))
             assert stretches <= 5, batch["key"]
+
+
+def test_a_batchs_captions_are_picked_when_read_and_travel_as_a_list() -> None:
+    import pickle
+
+    import pyarrow as pa
+
+    from datacat.formats.table_rows import ArrowColumn
+
+    column = pa.array(["a", "b", "c", "d"])
+    captions = ArrowColumn(column, np.asarray([3, 0, 0]))
+    assert len(captions) == 3 and captions._list is None  # nothing taken until read
+    assert captions == ["d", "a", "a"] and captions[1:] == ["a", "a"] and list(captions) == ["d", "a", "a"]
+    copied = pickle.loads(pickle.dumps(captions))
+    assert copied == ["d", "a", "a"] and len(copied) == 3 and copied[0] == "d"
+
+
+def test_stretches_break_where_rows_stop_following_or_the_file_changes() -> None:
+    from datacat.formats.table_rows import stretches
+
+    files = np.asarray([0] * 8 + [1] * 8 + [1] * 8)
+    rows = np.asarray([*range(22, 30), *range(0, 8), *range(20, 28)])  # 29 then row 0 of the next file, then a jump
+    assert stretches(files, rows) == [0, 8, 16, 24]
+    assert stretches(np.zeros(8, np.int64), np.asarray([5, 3, 9, 1, 7, 2, 8, 0])) is None  # scattered: one fancy index
+    assert stretches(np.asarray([0, 1]), np.asarray([29, 30])) is None  # [0, 1, 2]: a stretch of one row each
 
 
 def test_runs_of_neighbours_resume_exactly_on_any_world_and_refuse_another_run(table: Path) -> None:

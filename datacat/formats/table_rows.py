@@ -67,20 +67,18 @@ class RowGather:
     def __repr__(self) -> str:
         return f"RowGather(files={len(self._maps)}, row_bytes={self.row_bytes})"
 
-    def gather(self, files: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    def gather(self, files: np.ndarray, rows: np.ndarray, out: np.ndarray, bounds: Sequence[int] | None = None) -> None:
         """Row ``rows[k]`` of file ``files[k]`` into ``out[k]`` (``out``: C-contiguous, ``row_bytes`` a row).
 
-        Rows that follow each other in a file (a run shuffle's batch) are
-        copied as one stretch each, at memcpy's speed; a batch of scattered
-        rows is one fancy index.
+        ``bounds`` (:func:`stretches`) splits a batch whose rows follow each
+        other in a file (a run shuffle's batch) into stretches, each copied
+        by one slice at memcpy's speed; without them the batch is one fancy
+        index.
         """
-        import numpy as np
-
         size = self.row_bytes
         addresses = self.starts[files] + rows * size
         target = out.view("u1").reshape(len(rows), size)
-        breaks = np.flatnonzero(np.diff(addresses) != size) + 1
-        if len(breaks) * _STRETCH >= len(rows):
+        if bounds is None:
             # A fancy index makes its result before the copy into the batch: made whole, 1.5 MB of
             # fresh pages faulted in a batch (~320 µs a 1,024-row table); in pieces of 256 KiB, which
             # stay in cache and in malloc's heap, ~220 µs.
@@ -88,11 +86,24 @@ class RowGather:
             for begin in range(0, len(rows), step):
                 target[begin : begin + step] = self._rows[addresses[begin : begin + step]]
             return
-        flat = target.reshape(-1)
-        bounds = [0, *breaks.tolist(), len(rows)]
+        flat, span = target.reshape(-1), self._span
         firsts = addresses[bounds[:-1]].tolist()
         for begin, end, first in zip(bounds[:-1], bounds[1:], firsts, strict=True):
-            flat[begin * size : end * size] = self._span[first : first + (end - begin) * size]
+            flat[begin * size : end * size] = span[first : first + (end - begin) * size]
+
+
+def stretches(files: np.ndarray, rows: np.ndarray) -> list[int] | None:
+    """Where a batch's rows break into stretches of neighbours in one file, ``[0, ..., len(rows)]``, for
+    :meth:`RowGather.gather`; None when the stretches average fewer than ``_STRETCH`` rows.
+
+    Worked out once a batch, for every table the batch is gathered from.
+    """
+    import numpy as np
+
+    breaks = np.flatnonzero((np.diff(rows) != 1) | (np.diff(files) != 0)) + 1
+    if len(breaks) * _STRETCH >= len(rows):
+        return None
+    return [0, *breaks.tolist(), len(rows)]
 
 
 class _ListLike(Sequence[Any]):
@@ -141,26 +152,28 @@ class RowKeys(_ListLike, Sequence[str]):
 
 
 class ArrowColumn(_ListLike):
-    """A batch's values of one arrow column (its captions), made Python objects when read.
+    """A batch's values of one arrow column (its captions), picked and made Python objects when first read.
 
-    The take that picks them releases the GIL; ``to_pylist`` of 1,024
-    captions held it for ~0.06 ms a batch, paid here only by a loop that
-    reads them (once: the list is kept).
+    A prior's loop mostly reads the embeddings only: the take that picks
+    the batch's values (~30 µs a batch of 1,024) and ``to_pylist`` (~60 µs,
+    the GIL held) are paid only by a loop that reads them, once (the list
+    is kept).
     """
 
-    __slots__ = ("_list", "_values")
+    __slots__ = ("_column", "_list", "_rows")
 
-    def __init__(self, values: Any) -> None:  # a pyarrow Array
-        self._values = values
+    def __init__(self, column: Any, rows: np.ndarray) -> None:  # a pyarrow Array, the batch's rows of it
+        self._column, self._rows = column, rows
         self._list: list[Any] | None = None
 
     def _python(self) -> list[Any]:
         if self._list is None:
-            self._list = self._values.to_pylist()
+            self._list = self._column.take(_arrow_indices(self._rows)).to_pylist()
+            self._column = None  # the whole column is the table's to keep
         return self._list
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._rows) if self._list is None else len(self._list)
 
     def __getitem__(self, index: int | slice) -> Any:
         return self._python()[index]
@@ -172,7 +185,7 @@ class ArrowColumn(_ListLike):
         return self._python()
 
     def __setstate__(self, state: Any) -> None:
-        self._values, self._list = state, state
+        self._column, self._list = None, state
 
 
 class RowsFill:
@@ -192,6 +205,7 @@ class RowsFill:
         self.segment_starts = np.asarray(reader.segment_starts, dtype=np.int64)
         self.segment_firsts = np.asarray([first for first, _ in reader.segments] + [0], dtype=np.int64)
         self.shard_starts = np.asarray(reader.starts, dtype=np.int64)
+        self.whole_table = reader.segments == ((0, len(reader)),)
         self._gathers: dict[str, RowGather] = {}
         self._lock = threading.Lock()  # the two filling threads map the files and read the captions once
         # Every shard's captions as one arrow array (one take a batch), when the whole table's fit the budget.
@@ -241,12 +255,16 @@ class RowsFill:
         """The rows at ``positions`` of this split into ``out``'s arrays; their keys and captions."""
         import numpy as np
 
-        segment = np.searchsorted(self.segment_starts, positions, side="right") - 1
-        rows = self.segment_firsts[segment] + positions - self.segment_starts[segment]
+        if self.whole_table:  # this split is every row: a position is its row
+            rows = positions
+        else:
+            segment = np.searchsorted(self.segment_starts, positions, side="right") - 1
+            rows = self.segment_firsts[segment] + positions - self.segment_starts[segment]
         shards = np.searchsorted(self.shard_starts, rows, side="right") - 1
         local = rows - self.shard_starts[shards]
+        bounds = stretches(shards, local)
         for key, buffer in out.items():
-            self._gather(key).gather(shards, local, buffer)
+            self._gather(key).gather(shards, local, buffer, bounds)
         fields: dict[str, Sequence[Any]] = {"key": RowKeys(self.reader.shards, shards, local)}
         if self.reader.prior.captions:
             fields["caption"] = self._batch_captions(shards, local, rows)
@@ -264,7 +282,7 @@ class RowsFill:
                     if self._captions is None:
                         columns = list(pool.map(reader.read_captions, range(len(reader.shards))))
                         self._captions = pa.concat_arrays(columns)
-            return ArrowColumn(self._captions.take(_arrow_indices(rows)))
+            return ArrowColumn(self._captions, rows)
         missing = [s for s in np.unique(shards).tolist() if s not in reader._captions]
         if len(missing) > 1:  # a shuffled batch touches every shard: its caption columns read side by side
             with concurrent.futures.ThreadPoolExecutor(min(8, len(missing))) as pool:
@@ -299,7 +317,7 @@ def _zero_rows(batch: np.ndarray) -> np.ndarray:
         head[:, : min(8, octets.shape[1])] = octets[:, :8]
         heads = head.view(np.uint64)[:, 0]
     maybe = np.flatnonzero(heads == 0)
-    return maybe[~octets[maybe].any(axis=1)]
+    return maybe[~octets[maybe].any(axis=1)] if len(maybe) else maybe
 
 
 def rows_fill(reader: Reader, plan: Plan) -> RowsFill | None:
