@@ -423,3 +423,32 @@ def test_row_keys_read_as_the_list_of_keys_they_stand_for() -> None:
         hash(keys)
     with pytest.raises(IndexError):
         keys[3]
+
+
+@pytest.mark.parametrize("dim", [64, 12])  # 128-byte rows: units of np.take; 24-byte rows at odd addresses: whole rows
+def test_row_gather_reads_each_files_rows_in_any_order_and_mix(tmp_path: Path, dim: int) -> None:
+    from datacat.formats.embedding_table import npy_header
+    from datacat.formats.table_rows import RowGather, stretches
+
+    tables = [np.random.default_rng(f).standard_normal((n, dim)).astype(np.float16) for f, n in enumerate((7, 30, 1))]
+    paths = []
+    for f, table in enumerate(tables):
+        paths.append(str(tmp_path / f"t{f}.npy"))
+        np.save(paths[-1], table)
+    offsets = [npy_header(Path(p).read_bytes()[:4096], p)[2] for p in paths]
+    gather = RowGather(paths, offsets, dim * 2)
+    assert (gather.unit >= 32) == (dim == 64)
+    rng = np.random.default_rng(0)
+    for order in ("scattered", "runs"):
+        if order == "scattered":
+            files = rng.integers(0, 3, 40)
+            rows = np.asarray([rng.integers(0, len(tables[f])) for f in files.tolist()])
+        else:  # rows 5..24 of file 1, 2..6 of file 0 (its last), 20..29 of file 1: three stretches
+            files = np.asarray([1] * 20 + [0] * 5 + [1] * 10)
+            rows = np.asarray([*range(5, 25), *range(2, 7), *range(20, 30)])
+        out = np.full((len(rows), dim), np.nan, np.float16)
+        bounds = stretches(files, rows)
+        assert bounds == (None if order == "scattered" else [0, 20, 25, 35])
+        gather.gather(files, rows, out, bounds)
+        expected = np.stack([tables[f][r] for f, r in zip(files.tolist(), rows.tolist(), strict=True)])
+        assert out.tobytes() == expected.tobytes(), order
