@@ -10,7 +10,7 @@ import pytest
 
 import datacat
 
-DIM, ROWS = 8, (30, 25, 17)  # 72 rows; validation rows 60..72
+DIM, ROWS = 16, (30, 25, 17)  # 72 rows; validation rows 60..72
 
 
 def _tables(folder: Path, *, zero_row: int | None = None) -> None:
@@ -129,7 +129,9 @@ def test_misaligned_or_pickled_tables_are_refused_naming_the_file(tmp_path: Path
         datacat.open("prior", framework="torch", batch_size=4, catalog=catalog)
     _tables(tmp_path)
     np.save(tmp_path / "img_emb" / "img_emb_0002.npy", np.ones((17, DIM + 1), dtype=np.float16))
-    with pytest.raises(datacat.ShardError, match=r"img_emb_0002\.npy holds float16 \[17, 9\], the entry declares"):
+    with pytest.raises(
+        datacat.ShardError, match=rf"img_emb_0002\.npy holds float16 \[17, {DIM + 1}\], the entry declares"
+    ):
         datacat.open("prior", framework="torch", batch_size=4, catalog=catalog)
     assert json.loads(json.dumps(datacat.describe("prior", catalog=catalog)["declared"])) == {}
 
