@@ -230,9 +230,9 @@ class RowsFill:
     def threads(self, run: int) -> int:
         """Two for scattered rows, one for runs of neighbours (no worker processes either way).
 
-        A scattered batch is a fancy index a piece, which two threads
-        overlap (random order, 1,024 rows: 0.76-0.82M rows/s against
-        0.69M with one); a batch of runs is a slice copy a run, at memory
+        A scattered batch is one take that lets the GIL go, which two
+        threads overlap (measured when it was a fancy index a piece: random
+        order, 1,024 rows, 0.76-0.82M rows/s against 0.69M with one); a batch of runs is a slice copy a run, at memory
         speed in one thread, and a second thread only slowed both (runs of
         64: 1.96-1.99M rows/s with one, 1.22-1.33M with two; 2 cores, AMD).
         """
