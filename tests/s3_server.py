@@ -102,7 +102,8 @@ class S3Proxy(FaultProxy):
         )
         self._rules: list[_Rule] = []
         self._released = threading.Event()  # set at stop: stalled requests end
-        self.bytes_served = 0
+        self.bytes_served = 0  # bytes written back for the requests that came in since the last reset_counts
+        self._epoch = 0  # reset_counts' count: a response still being written across a reset is not counted
 
     def arm(self, pattern: str, fault: str, times: int = -1) -> None:
         """Faults the next ``times`` requests (-1: all) whose path (with its query) matches ``pattern``."""
@@ -121,6 +122,7 @@ class S3Proxy(FaultProxy):
         super().reset_counts()
         with self._lock:
             self.bytes_served = 0
+            self._epoch += 1
 
     def _armed(self, path: str) -> str | None:
         with self._lock:
@@ -168,6 +170,7 @@ class _CountingWriter:
 
     def __init__(self, handler: http.server.BaseHTTPRequestHandler, proxy: S3Proxy) -> None:
         self.handler, self.proxy, self.sent = handler, proxy, 0
+        self._epoch = proxy._epoch
         self._write = handler.wfile.write
 
         def write(data: bytes) -> int:
@@ -179,4 +182,5 @@ class _CountingWriter:
     def done(self) -> None:
         self.handler.wfile.write = self._write  # type: ignore[method-assign]
         with self.proxy._lock:
-            self.proxy.bytes_served += self.sent
+            if self._epoch == self.proxy._epoch:
+                self.proxy.bytes_served += self.sent
