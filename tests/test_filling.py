@@ -407,7 +407,9 @@ def test_rows_in_runs_are_read_by_the_loop_that_waits_and_ahead_for_one_that_wor
         if len(both) > wait_first:
             time.sleep(0.02)  # then a training step four reads long
     assert not readers[wait_first - 2].startswith("datacat-read"), readers  # the loop waited: it read itself
-    assert all(name.startswith("datacat-read") for name in readers[-12:]), readers  # its step hides the reads
+    # Its step hides the reads. A read thread held up past a step (a busy machine) hands one read back to the
+    # loop, which reads ahead again after its next step: a blip costs at most two reads.
+    assert sum(not name.startswith("datacat-read") for name in readers[-12:]) <= 2, readers
     assert waits == both  # the same batches whichever thread read them
 
 
