@@ -103,7 +103,7 @@ class S3Proxy(FaultProxy):
         self._rules: list[_Rule] = []
         self._released = threading.Event()  # set at stop: stalled requests end
         self.bytes_served = 0  # bytes written back for the requests that came in since the last reset_counts
-        self._epoch = 0  # reset_counts' count: a response still being written across a reset is not counted
+        self._resets = 0  # reset_counts calls so far: a response still being written across a reset is not counted
 
     def arm(self, pattern: str, fault: str, times: int = -1) -> None:
         """Faults the next ``times`` requests (-1: all) whose path (with its query) matches ``pattern``."""
@@ -122,7 +122,7 @@ class S3Proxy(FaultProxy):
         super().reset_counts()
         with self._lock:
             self.bytes_served = 0
-            self._epoch += 1
+            self._resets += 1
 
     def _armed(self, path: str) -> str | None:
         with self._lock:
@@ -170,7 +170,7 @@ class _CountingWriter:
 
     def __init__(self, handler: http.server.BaseHTTPRequestHandler, proxy: S3Proxy) -> None:
         self.handler, self.proxy, self.sent = handler, proxy, 0
-        self._epoch = proxy._epoch
+        self._resets = proxy._resets  # the resets before this request came in
         self._write = handler.wfile.write
 
         def write(data: bytes) -> int:
@@ -182,5 +182,5 @@ class _CountingWriter:
     def done(self) -> None:
         self.handler.wfile.write = self._write  # type: ignore[method-assign]
         with self.proxy._lock:
-            if self._epoch == self.proxy._epoch:
+            if self._resets == self.proxy._resets:
                 self.proxy.bytes_served += self.sent
