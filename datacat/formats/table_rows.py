@@ -232,9 +232,10 @@ class RowsFill:
 
         A scattered batch is one take that lets the GIL go, which two
         threads overlap (measured when it was a fancy index a piece: random
-        order, 1,024 rows, 0.76-0.82M rows/s against 0.69M with one); a batch of runs is a slice copy a run, at memory
-        speed in one thread, and a second thread only slowed both (runs of
-        64: 1.96-1.99M rows/s with one, 1.22-1.33M with two; 2 cores, AMD).
+        order, 1,024 rows, 0.76-0.82M rows/s against 0.69M with one). A
+        batch of runs is a slice copy a run, at memory speed in one thread,
+        and a second thread only slowed both (runs of 64: 1.96-1.99M rows/s
+        with one, 1.22-1.33M with two; 2 cores, AMD).
         """
         return 2 if run == 1 else 1
 
